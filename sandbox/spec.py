@@ -1,0 +1,79 @@
+"""What a sandbox is allowed to be: image, limits and hardening, as one pydantic model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_IMAGE = "coding-env-sandbox:latest"
+
+# Binaries that let an agent inspect bytecode or binaries instead of solving the task.
+DEFAULT_REMOVED_BINARIES: tuple[str, ...] = (
+    "strings",
+    "objdump",
+    "readelf",
+    "gdb",
+    "strace",
+    "ltrace",
+    "xxd",
+    "hexdump",
+    "od",
+    "uncompyle6",
+    "decompyle3",
+    "pycdc",
+)
+
+
+class SandboxSpec(BaseModel):
+    """Resources and hardening of one sandbox. Defaults are the hardened configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = DEFAULT_IMAGE
+    """Container image (Docker backend). The local backend uses the host's filesystem read-only."""
+
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU quota in cores (Docker `nano_cpus`; local backend: RLIMIT_CPU budget is derived from timeouts)."""
+
+    memory_mb: int = Field(default=1024, ge=32)
+    """Memory limit in MiB; swap is capped at the same value, so no swap beyond it."""
+
+    pids: int = Field(default=256, ge=16)
+    """Maximum number of processes and threads inside the sandbox (fork-bomb guard)."""
+
+    nofile: int = Field(default=1024, ge=64)
+    """Open file descriptor limit (soft and hard)."""
+
+    workspace_mb: int = Field(default=256, ge=1)
+    """Size of the tmpfs mounted at `workdir`; writes beyond it fail with ENOSPC inside."""
+
+    tmp_mb: int = Field(default=128, ge=1)
+    """Size of the tmpfs mounted at /tmp."""
+
+    workdir: str = "/workspace"
+    """Absolute path of the agent's workspace inside the sandbox; relative paths resolve against it."""
+
+    output_cap_bytes: int = Field(default=64 * 1024, ge=1024)
+    """Per-stream cap on captured stdout/stderr; head and tail are kept, the middle is dropped."""
+
+    default_timeout_s: float = Field(default=30.0, gt=0)
+    """Timeout of `exec` when the caller gives none; the whole process group is killed on expiry."""
+
+    runtime: Literal["runc", "runsc"] = "runc"
+    """OCI runtime: `runc` (Docker's default) or `runsc` (gVisor, a user-space kernel)."""
+
+    network: bool = False
+    """Give the sandbox a network. Off by default: only the loopback interface exists."""
+
+    user: str = "1000:1000"
+    """uid:gid that commands run as; never root."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every command."""
+
+    removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES
+    """Introspection tools deleted from the image at build time and hidden at run time."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra container labels (the backend always adds its own service labels)."""
