@@ -67,6 +67,11 @@ class TaskSpec(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     """Workspace files (relative path -> text) written before the agent starts."""
 
+    setup_command: str | None = None
+    """Shell command run in the workspace after `files` are written, before the agent starts
+    (builds fixtures, e.g. a shell task's log files). Its effects reach grading only through
+    the workspace, like the agent's own changes."""
+
     visible_tests: dict[str, str] = Field(default_factory=dict)
     """Tests the agent may read and run with `run_tests` (relative path -> text)."""
 
@@ -143,12 +148,94 @@ class ResetRequestBody(BaseModel):
     """Append hints to the tool output the policy sees."""
 
 
+class ListToolsAction(BaseModel):
+    """Ask for the tool schemas (OpenEnv MCP action; needs no reset)."""
+
+    type: Literal["list_tools"] = "list_tools"
+
+
+class ToolCallAction(BaseModel):
+    """Call one tool (OpenEnv MCP action, widened: `arguments` may be raw JSON text)."""
+
+    type: Literal["call_tool"] = "call_tool"
+    tool_name: str
+    """Name of the tool; an unknown name yields `error_kind: tool_not_found`."""
+
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    """Arguments object, or the model's JSON text for it (repaired server-side; `json_decode` if hopeless)."""
+
+
+class AssistantMessageAction(BaseModel):
+    """The model's whole assistant message; the server extracts the first tool call from it."""
+
+    type: Literal["assistant_message"] = "assistant_message"
+    content: str
+    """Raw text: `<tool_call>{...}</tool_call>`, `<function=NAME><parameter=K>V</parameter></function>` or fenced JSON, with prose around it."""
+
+
+class EpisodeState(BaseModel):
+    """What `state` reports about the current episode (beyond OpenEnv's episode_id/step_count)."""
+
+    session_id: str | None = None
+    task_id: str | None = None
+    done: bool = False
+    reward: float | None = None
+    max_steps: int | None = None
+    show_hints: bool = False
+    sandbox_id: str | None = None
+    """Id of the session's sandbox (the `coding-env.sandbox-id` container label), for operators."""
+
+
+class ApiErrorCode(str, enum.Enum):
+    """Why a request was refused (HTTP 4xx/5xx body, WebSocket error frame). Closed."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TOO_LARGE = "body_too_large"
+    SESSION_NOT_FOUND = "session_not_found"
+    TASK_NOT_FOUND = "task_not_found"
+    EPISODE_NOT_STARTED = "episode_not_started"
+    EPISODE_DONE = "episode_done"
+    CAPACITY_REACHED = "capacity_reached"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ApiError(BaseModel):
+    """Body of every non-2xx response of the service."""
+
+    code: ApiErrorCode
+    message: str
+    detail: Any = None
+    """Structured extra facts (validation errors, capacity figures)."""
+
+
+class SessionCreated(BaseModel):
+    """Answer of `POST /sessions`."""
+
+    session_id: str
+
+
+class TaskPage(BaseModel):
+    """Answer of `GET /tasks`."""
+
+    task_ids: list[str]
+    total: int
+    offset: int
+    limit: int
+
+
 class TrajectoryStep(BaseModel):
     """One recorded step of an episode."""
 
     index: int
     action: dict[str, Any]
     """The action as received (tool name and arguments, or the raw message)."""
+    parsed_call: dict[str, Any] | None = None
+    """The call the service executed after parsing and repair (`{"tool_name", "arguments"}`), or None if none."""
     observation: ToolResult
     reward: float | None = None
     done: bool = False

@@ -34,7 +34,10 @@ class SandboxSpec(BaseModel):
     """Container image (Docker backend). The local backend uses the host's filesystem read-only."""
 
     cpus: float = Field(default=1.0, gt=0)
-    """CPU quota in cores (Docker `nano_cpus`; local backend: RLIMIT_CPU budget is derived from timeouts)."""
+    """CPU quota in cores (Docker `nano_cpus`). The local backend has no quota; see `cpu_time_s`."""
+
+    cpu_time_s: int = Field(default=3600, ge=1)
+    """Local backend only: RLIMIT_CPU, CPU seconds any one process (the supervisor included) may use."""
 
     memory_mb: int = Field(default=1024, ge=32)
     """Memory limit in MiB; swap is capped at the same value, so no swap beyond it."""
@@ -71,6 +74,9 @@ class SandboxSpec(BaseModel):
 
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every command."""
+
+    host_paths: tuple[str, ...] = ()
+    """Local backend only: extra host paths bound read-only at the same place (e.g. a virtualenv)."""
 
     removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES
     """Introspection tools deleted from the image at build time and hidden at run time."""

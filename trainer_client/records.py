@@ -34,6 +34,9 @@ class TraceState(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
     """Anything else: trace path, turn index, log-probs, error kinds."""
 
+    schema_version: int = TRACE_STATE_SCHEMA_VERSION
+    """Version of this record's layout; readers reject versions they do not know."""
+
 
 class PreferencePair(BaseModel):
     """One DPO pair: at `messages`, prefer `chosen` over `rejected`."""

@@ -1,0 +1,456 @@
+"""The FastAPI application: OpenEnv's routes, stateful HTTP sessions, MCP, metrics, tasks.
+
+One `SessionManager` serves every transport: a WebSocket connection, an HTTP session
+(`/sessions/...`) and an MCP session (`openenv/session/create`) are the same kind of session.
+Why the routes are ours rather than `openenv.create_app`'s: docs/decisions/020-own-routes-over-openenv-types.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import Body, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
+from openenv.core.env_server.serialization import serialize_observation
+from openenv.core.env_server.types import (
+    EnvironmentMetadata,
+    HealthResponse,
+    HealthStatus,
+    ResetResponse,
+    SchemaResponse,
+    StepRequest,
+    StepResponse,
+    WSErrorCode,
+)
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from env_server.environment import (
+    ACTIONS,
+    CallToolStep,
+    CodingEnvironment,
+    CodingObservation,
+    CodingResetObservation,
+    CodingState,
+)
+from env_server.hints import HintGenerator
+from env_server.metrics import ServiceMetrics
+from env_server.middleware import RequestGuard
+from env_server.models import ApiError, ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated, TaskPage
+from env_server.service_errors import ServiceError
+from env_server.sessions import Session, SessionManager
+from env_server.settings import ServiceSettings
+from env_server.tasks import TaskRegistry, default_registry
+from env_server.tools import TOOLS
+from env_server.trajectories import EpisodeLog
+from sandbox import Sandbox, WarmPool, open_sandbox
+
+log = logging.getLogger(__name__)
+
+OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
+    ApiErrorCode.INVALID_JSON: WSErrorCode.INVALID_JSON,
+    ApiErrorCode.INVALID_REQUEST: WSErrorCode.VALIDATION_ERROR,
+    ApiErrorCode.CAPACITY_REACHED: WSErrorCode.CAPACITY_REACHED,
+    ApiErrorCode.SESSION_NOT_FOUND: WSErrorCode.SESSION_ERROR,
+}
+"""Our refusal codes as OpenEnv's WebSocket error codes (the rest are EXECUTION_ERROR)."""
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ApiError} for status in (401, 404, 409, 413, 422, 503)
+}
+
+
+@dataclass
+class Service:
+    """What the routes share: settings, sessions, sandbox source, metrics."""
+
+    settings: ServiceSettings
+    sessions: SessionManager
+    metrics: ServiceMetrics
+    tasks: TaskRegistry
+    new_environment: Callable[[str | None], CodingEnvironment]
+
+    async def reset(self, session: Session, body: ResetRequestBody) -> dict[str, Any]:
+        kwargs = body.model_dump(include={"seed", "episode_id", "task_id", "task", "show_hints"}, exclude_none=True)
+        try:
+            observation = await self.sessions.run(session, lambda: session.env.reset(**kwargs))
+        except ServiceError as exc:
+            if exc.code is ApiErrorCode.SANDBOX_UNAVAILABLE:
+                self.metrics.sandbox_failures.inc()
+            raise
+        return serialize_observation(observation)
+
+    async def step(self, session: Session, action: dict[str, Any], transport: str) -> dict[str, Any]:
+        parsed = parse_action(action)
+        started = time.perf_counter()
+        observation = await self.sessions.run(session, session.env.step, parsed)
+        self.metrics.step_latency.labels(transport).observe(time.perf_counter() - started)
+        if isinstance(observation, CodingObservation):
+            self.observe_step(observation)
+        return serialize_observation(observation)
+
+    def observe_step(self, observation: CodingObservation) -> None:
+        self.metrics.steps.labels(observation.tool_name if observation.tool_name in TOOLS else "unknown").inc()
+        if observation.error_kind is not None:
+            self.metrics.error_kinds.labels(observation.error_kind.value).inc()
+            if observation.error_kind.value == "sandbox_error":
+                self.metrics.sandbox_failures.inc()
+        if observation.done and observation.reward is not None:
+            self.metrics.episodes_graded.inc()
+            self.metrics.rewards.observe(observation.reward)
+
+
+def parse_action(action: dict[str, Any]) -> Any:
+    try:
+        return ACTIONS.validate_python(action)
+    except ValidationError as exc:
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid action", exc.errors(include_url=False, include_context=False)) from exc
+
+
+def parse_reset(data: dict[str, Any]) -> ResetRequestBody:
+    try:
+        return ResetRequestBody.model_validate(data)
+    except ValidationError as exc:
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid reset request", exc.errors(include_url=False, include_context=False)) from exc
+
+
+def _sandbox_source(settings: ServiceSettings) -> tuple[Callable[[], Sandbox], WarmPool | None]:
+    if settings.pool_size == 0:
+        return (lambda: open_sandbox(settings.sandbox, settings.sandbox_backend)), None
+    pool = WarmPool(settings.sandbox, size=settings.pool_size, backend=settings.sandbox_backend)
+    return pool.checkout, pool
+
+
+def _reap_orphans(settings: ServiceSettings) -> None:
+    if settings.reap_orphans_on_start and settings.sandbox_backend == "docker":
+        from sandbox.docker_backend import reap_orphans
+
+        removed = reap_orphans()
+        if removed:
+            log.warning("removed %d orphaned sandbox containers", len(removed))
+
+
+def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry | None = None) -> FastAPI:
+    """The service, configured by `settings` (default: from `CODING_ENV_*`)."""
+    settings = settings or ServiceSettings()
+    tasks = tasks or default_registry()
+    metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(settings.executor_threads or settings.max_sessions + 8, thread_name_prefix="session")
+        await loop.run_in_executor(executor, _reap_orphans, settings)
+        checkout, pool = _sandbox_source(settings)
+        if pool is not None:
+            metrics.track_pool(lambda: pool.ready_count)
+        hints = HintGenerator(settings.hints, list(TOOLS))
+        episode_log = EpisodeLog(settings.trajectory_dir) if settings.trajectory_dir else None
+
+        def new_environment(session_id: str | None) -> CodingEnvironment:
+            return CodingEnvironment(checkout=checkout, tasks=tasks, hints=hints, episode_log=episode_log, session_id=session_id)
+
+        sessions = SessionManager(
+            new_environment,
+            max_sessions=settings.max_sessions,
+            idle_timeout_s=settings.idle_timeout_s,
+            executor=executor,
+            on_count_change=metrics.active_sessions.set,
+        )
+        app.state.service = Service(settings, sessions, metrics, tasks, new_environment)
+        reaper = asyncio.create_task(sessions.reap_idle())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await sessions.close_all()
+            if pool is not None:
+                await loop.run_in_executor(executor, pool.close)
+            hints.close()
+            executor.shutdown(wait=True)
+
+    app = FastAPI(
+        title="coding-env",
+        version="0.1.0",
+        description="OpenEnv-compatible agentic coding environment. Protocol: docs/api.md.",
+        lifespan=lifespan,
+    )
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
+    _add_error_handlers(app)
+    _add_openenv_routes(app)
+    _add_session_routes(app)
+    _add_mcp_route(app)
+    _add_websocket_route(app)
+    _add_operations_routes(app)
+    return app
+
+
+def _service(request: Request | WebSocket) -> Service:
+    return request.app.state.service
+
+
+def _error_response(exc: ServiceError) -> JSONResponse:
+    return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return _error_response(ServiceError(ApiErrorCode.INVALID_JSON, "request body is not valid JSON"))
+        detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+        return _error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, "request does not match the schema", detail))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: ApiErrorCode.NOT_FOUND, 405: ApiErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ApiErrorCode.INVALID_REQUEST)
+        return JSONResponse(ApiError(code=code, message=str(exc.detail)).model_dump(mode="json"), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error_response(ServiceError(ApiErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
+
+
+def _add_openenv_routes(app: FastAPI) -> None:
+    @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
+    async def health() -> HealthResponse:
+        return HealthResponse(status=HealthStatus.HEALTHY)
+
+    @app.get("/metadata", response_model=EnvironmentMetadata, tags=["OpenEnv"])
+    async def metadata(request: Request) -> EnvironmentMetadata:
+        return _service(request).new_environment(None).get_metadata()
+
+    @app.get("/schema", response_model=SchemaResponse, tags=["OpenEnv"])
+    async def schema() -> SchemaResponse:
+        return SchemaResponse(
+            action=ACTIONS.json_schema(),
+            observation=CodingObservation.model_json_schema(),
+            reset_observation=CodingResetObservation.model_json_schema(),
+            state=CodingState.model_json_schema(),
+        )
+
+    @app.post("/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
+    async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> dict[str, Any]:
+        """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
+        Use `/sessions` or `/ws` to act on the episode."""
+        service = _service(request)
+        session = service.sessions.open()
+        try:
+            return await service.reset(session, body)
+        finally:
+            await service.sessions.close(session.id)
+
+    @app.post("/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
+    async def step(request: Request, body: StepRequest) -> dict[str, Any]:
+        """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
+        a tool call answers 409 `episode_not_started`."""
+        service = _service(request)
+        session = service.sessions.open()
+        try:
+            return await service.step(session, body.action, "http")
+        finally:
+            await service.sessions.close(session.id)
+
+    @app.get("/state", response_model=CodingState, tags=["OpenEnv"])
+    async def state() -> CodingState:
+        """Stateless state (a fresh environment's): sessions have their own `/sessions/{id}/state`."""
+        return CodingState()
+
+
+def _add_session_routes(app: FastAPI) -> None:
+    @app.post("/sessions", response_model=SessionCreated, status_code=201, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def open_session(request: Request) -> SessionCreated:
+        return SessionCreated(session_id=_service(request).sessions.open().id)
+
+    @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def reset_session(
+        request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
+    ) -> dict[str, Any]:
+        service = _service(request)
+        return await service.reset(service.sessions.get(session_id), body)
+
+    @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def step_session(request: Request, session_id: str, body: StepRequest) -> dict[str, Any]:
+        service = _service(request)
+        return await service.step(service.sessions.get(session_id), body.action, "http")
+
+    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def session_state(request: Request, session_id: str) -> CodingState:
+        service = _service(request)
+        session = service.sessions.get(session_id)
+        return await service.sessions.run(session, lambda: session.env.state)
+
+    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
+        service = _service(request)
+        session = service.sessions.get(session_id)
+        return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
+
+    @app.delete("/sessions/{session_id}", status_code=204, responses=ERROR_RESPONSES, tags=["Sessions"])
+    async def close_session(request: Request, session_id: str) -> Response:
+        await _service(request).sessions.close(session_id)
+        return Response(status_code=204)
+
+
+def _rpc_error(code: JsonRpcErrorCode, message: str, request_id: Any = None, data: Any = None) -> JsonRpcResponse:
+    return JsonRpcResponse.error_response(code, message, data=data, request_id=request_id)
+
+
+async def handle_rpc(service: Service, rpc: JsonRpcRequest, bound: Session | None = None) -> JsonRpcResponse:
+    """One MCP JSON-RPC call; `bound` is the session of the WebSocket it arrived on, if any."""
+    params = rpc.params
+    try:
+        if rpc.method == "openenv/session/create":
+            session = bound or service.sessions.open()
+            return JsonRpcResponse.success({"session_id": session.id}, rpc.id)
+        if rpc.method == "openenv/session/close":
+            target = params.get("session_id")
+            if not isinstance(target, str):
+                return _rpc_error(JsonRpcErrorCode.INVALID_PARAMS, "'session_id' is required", rpc.id)
+            await service.sessions.close(target)
+            return JsonRpcResponse.success({"session_id": target, "closed": True}, rpc.id)
+        if rpc.method == McpMethod.TOOLS_LIST:
+            return JsonRpcResponse.success({"tools": [t.mcp_schema() for t in TOOLS.values()]}, rpc.id)
+        if rpc.method == McpMethod.TOOLS_CALL:
+            name, target = params.get("name"), params.get("session_id")
+            if not isinstance(name, str) or not name:
+                return _rpc_error(JsonRpcErrorCode.INVALID_PARAMS, "'name' is required", rpc.id)
+            if bound is None and not isinstance(target, str):
+                return _rpc_error(
+                    JsonRpcErrorCode.INVALID_PARAMS, "'session_id' is required: open one with openenv/session/create and reset it", rpc.id
+                )
+            session = bound or service.sessions.get(target)
+            action = {"type": "call_tool", "tool_name": name, "arguments": params.get("arguments") or {}}
+            result = await service.step(session, action, "mcp")
+            return JsonRpcResponse.success({**result["observation"], "reward": result["reward"], "done": result["done"]}, rpc.id)
+        return _rpc_error(JsonRpcErrorCode.METHOD_NOT_FOUND, f"method not found: {rpc.method}", rpc.id)
+    except ServiceError as exc:
+        return _rpc_error(JsonRpcErrorCode.SERVER_ERROR, exc.message, rpc.id, exc.body().model_dump(mode="json"))
+
+
+def _add_mcp_route(app: FastAPI) -> None:
+    @app.post("/mcp", tags=["OpenEnv"])
+    async def mcp(request: Request) -> dict[str, Any]:
+        """MCP JSON-RPC 2.0: `tools/list`, `tools/call` (with `session_id`), `openenv/session/create|close`."""
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            return _rpc_error(JsonRpcErrorCode.PARSE_ERROR, "parse error").model_dump()
+        try:
+            rpc = JsonRpcRequest.model_validate(payload)
+        except ValidationError as exc:
+            return _rpc_error(JsonRpcErrorCode.INVALID_REQUEST, f"invalid request: {exc.error_count()} errors").model_dump()
+        return (await handle_rpc(_service(request), rpc)).model_dump()
+
+
+def _ws_error(exc: ServiceError) -> str:
+    code = OPENENV_WS_CODES.get(exc.code, WSErrorCode.EXECUTION_ERROR)
+    return json.dumps({"type": "error", "data": {"message": exc.message, "code": code.value, "error": exc.body().model_dump(mode="json")}})
+
+
+async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
+    """The answer to one WebSocket frame (OpenEnv message types); None for `close`."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        raise ServiceError(ApiErrorCode.INVALID_JSON, "frame is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "frame must be a JSON object with a 'type'")
+    kind, data = message.get("type"), message.get("data") or {}
+    if not isinstance(data, dict):
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "'data' must be an object")
+    if kind == "reset":
+        return json.dumps({"type": "observation", "data": await service.reset(session, parse_reset(data))})
+    if kind == "step":
+        return json.dumps({"type": "observation", "data": await service.step(session, data, "ws")})
+    if kind == "state":
+        state = await service.sessions.run(session, lambda: session.env.state)
+        return json.dumps({"type": "state", "data": state.model_dump(mode="json")})
+    if kind == "mcp":
+        try:
+            rpc = JsonRpcRequest.model_validate(data)
+        except ValidationError:
+            response = _rpc_error(JsonRpcErrorCode.INVALID_REQUEST, "invalid JSON-RPC request")
+        else:
+            response = await handle_rpc(service, rpc, bound=session)
+        return json.dumps({"type": "mcp", "data": response.model_dump()})
+    if kind == "close":
+        return None
+    raise ServiceError(ApiErrorCode.INVALID_REQUEST, f"unknown message type {kind!r}; expected reset, step, state, mcp or close")
+
+
+def _add_websocket_route(app: FastAPI) -> None:
+    @app.websocket("/ws")
+    async def websocket_session(websocket: WebSocket) -> None:
+        """One connection = one session = one sandbox, freed the moment the connection drops.
+        `?session_id=` attaches to an existing (HTTP/MCP) session instead, which then outlives it."""
+        service = _service(websocket)
+        await websocket.accept()
+        attach = websocket.query_params.get("session_id")
+        try:
+            session = service.sessions.get(attach) if attach else service.sessions.open()
+        except ServiceError as exc:
+            await websocket.send_text(_ws_error(exc))
+            await websocket.close()
+            return
+        try:
+            while True:
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                raw = frame.get("text") if frame.get("text") is not None else (frame.get("bytes") or b"").decode("utf-8", "replace")
+                try:
+                    reply = await _ws_reply(service, session, raw)
+                except ServiceError as exc:
+                    reply = _ws_error(exc)
+                if reply is None:
+                    break
+                await websocket.send_text(reply)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if not attach:
+                try:
+                    await service.sessions.close(session.id)
+                except ServiceError:
+                    pass  # already closed (idle reaper)
+        try:
+            await websocket.close()
+        except RuntimeError:
+            pass  # the client has gone
+
+
+def _add_operations_routes(app: FastAPI) -> None:
+    @app.get("/metrics", tags=["Operations"], response_class=Response)
+    async def prometheus_metrics(request: Request) -> Response:
+        return Response(_service(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/tasks", response_model=TaskPage, responses=ERROR_RESPONSES, tags=["Operations"])
+    async def list_tasks(
+        request: Request,
+        suite: str | None = Query(default=None, description="Only this suite's tasks."),
+        offset: int = Query(default=0, ge=0),
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> TaskPage:
+        tasks = _service(request).tasks
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite)
+        except KeyError as exc:
+            raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
+        return TaskPage(task_ids=ids[offset : offset + limit], total=len(ids), offset=offset, limit=limit)

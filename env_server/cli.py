@@ -1,0 +1,65 @@
+"""`coding-env`: serve the environment; the sandbox and task commands mount their own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from env_server.settings import ServiceSettings
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the service with uvicorn until SIGINT/SIGTERM (which close every session first)."""
+    import uvicorn
+
+    from env_server.app import create_app
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    settings = ServiceSettings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        ws_max_size=settings.max_body_bytes,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coding-env", description="Agentic coding environment service.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the HTTP/WebSocket service (settings: CODING_ENV_* variables)")
+    serve_parser.add_argument("--host", help="interface to bind (default: CODING_ENV_HOST or 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, help="TCP port (default: CODING_ENV_PORT or 8000)")
+    serve_parser.set_defaults(handler=serve)
+    _mount_optional(commands)
+    return parser
+
+
+def _mount_optional(commands: argparse._SubParsersAction) -> None:
+    """Subcommands of the sandbox and task packages (skipped where those extras are not installed)."""
+    try:
+        from sandbox.cli import register as register_sandbox_cli
+    except ImportError:
+        pass
+    else:
+        register_sandbox_cli(commands)
+    try:
+        from env_server.tasks.cli import register as register_tasks_cli
+    except ImportError:
+        pass
+    else:
+        register_tasks_cli(commands)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

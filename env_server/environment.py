@@ -1,0 +1,334 @@
+"""The coding environment as OpenEnv sees it: one instance per session, one sandbox per episode.
+
+    reset(task_id | task | seed)  -> CodingResetObservation (prompt, tool schemas, limits)
+    step(call_tool | assistant_message | list_tools) -> CodingObservation (output, error_kind, hint)
+    state                          -> CodingState
+
+The wire field sets live in `env_server.models` (shared with clients); the classes here layer
+OpenEnv's base classes over them, so each field is declared once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Callable
+
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import CallToolObservation, ListToolsObservation, ToolError, ToolErrorType
+from openenv.core.env_server.mcp_types import Tool as McpTool
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from pydantic import Field, TypeAdapter, ValidationError
+
+from env_server.error_kinds import FailureStreak
+from env_server.grading import prepare_workspace
+from env_server.hints import HintGenerator
+from env_server.models import (
+    ApiErrorCode,
+    AssistantMessageAction,
+    EpisodeRecord,
+    EpisodeState,
+    ErrorKind,
+    ListToolsAction,
+    ResetInfo,
+    TaskSpec,
+    ToolCallAction,
+    ToolResult,
+    TrajectoryStep,
+)
+from env_server.monitor import scan_tool_call
+from env_server.service_errors import ServiceError
+from env_server.tasks import TaskRegistry
+from env_server.tool_call_parser import ToolCallParseError, load_json_object, parse_tool_calls
+from env_server.tools import TOOLS, Tool, ToolOutcome, Workspace
+from env_server.trajectories import EpisodeLog
+from sandbox.base import Sandbox, SandboxError
+
+
+class ListToolsStep(Action, ListToolsAction):
+    """`{"type": "list_tools"}`."""
+
+
+class CallToolStep(Action, ToolCallAction):
+    """`{"type": "call_tool", "tool_name": ..., "arguments": {...} | "<json text>"}`."""
+
+
+class AssistantMessageStep(Action, AssistantMessageAction):
+    """`{"type": "assistant_message", "content": "<the model's whole message>"}`."""
+
+
+CodingAction = Annotated[ListToolsStep | CallToolStep | AssistantMessageStep, Field(discriminator="type")]
+ACTIONS: TypeAdapter[ListToolsStep | CallToolStep | AssistantMessageStep] = TypeAdapter(CodingAction)
+
+
+class CodingObservation(CallToolObservation, ToolResult):
+    """A step's observation: OpenEnv's `CallToolObservation` plus the typed `ToolResult` fields."""
+
+
+class CodingResetObservation(Observation, ResetInfo):
+    """Reset's observation: the task statement, the tool schemas and the step budget."""
+
+
+class CodingState(State, EpisodeState):
+    """OpenEnv's state (episode_id, step_count) plus the episode's task and outcome."""
+
+
+# Kinds that are failures of the call itself, not of the tool: OpenEnv clients see them in `error`.
+FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
+    ErrorKind.TOOL_NOT_FOUND: ToolErrorType.TOOL_NOT_FOUND,
+    ErrorKind.JSON_DECODE: ToolErrorType.INVALID_ARGS,
+    ErrorKind.TYPE_ERROR: ToolErrorType.INVALID_ARGS,
+    ErrorKind.SANDBOX_ERROR: ToolErrorType.TRANSPORT_ERROR,
+}
+
+TOOL_PARAMETERS: dict[str, list[str]] = {name: list(t.arguments.model_fields) for name, t in TOOLS.items()}
+
+
+@dataclass
+class _Call:
+    """A step's action resolved to a tool and validated arguments, or to the error that prevents it."""
+
+    tool_name: str
+    tool: Tool | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: ToolOutcome | None = None
+
+
+@dataclass
+class _Episode:
+    task: TaskSpec
+    sandbox: Sandbox
+    workspace: Workspace
+    record: EpisodeRecord
+    show_hints: bool
+    streak: FailureStreak = field(default_factory=FailureStreak)
+    done: bool = False
+    reward: float | None = None
+
+
+class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMessageStep, Observation, CodingState]):
+    """One session's environment. Not thread-safe: the session manager serialises calls."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(
+        self,
+        *,
+        checkout: Callable[[], Sandbox],
+        tasks: TaskRegistry,
+        hints: HintGenerator,
+        episode_log: EpisodeLog | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._checkout = checkout
+        self._tasks = tasks
+        self._hints = hints
+        self._episode_log = episode_log
+        self._session_id = session_id
+        self._episode: _Episode | None = None
+
+    # -- OpenEnv interface -------------------------------------------------------------------
+
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_id: str | None = None,
+        task: TaskSpec | dict[str, Any] | None = None,
+        show_hints: bool = False,
+        **_: Any,
+    ) -> CodingResetObservation:
+        spec = self._resolve_task(task_id, task, seed)
+        self._end_episode()
+        sandbox = self._open_sandbox()
+        try:
+            prepare_workspace(sandbox, spec)
+        except Exception as exc:
+            sandbox.close()
+            raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"preparing the workspace of {spec.id} failed: {exc}") from exc
+        tools = [t.openai_schema() for t in TOOLS.values()]
+        record = EpisodeRecord(
+            session_id=self._session_id or "",
+            episode_id=episode_id or uuid.uuid4().hex,
+            task_id=spec.id,
+            prompt=spec.prompt,
+            tools=tools,
+            started_at=time.time(),
+        )
+        workspace = Workspace(sandbox, spec, fresh_sandbox=self._checkout)
+        self._episode = _Episode(spec, sandbox, workspace, record, show_hints)
+        return CodingResetObservation(task_id=spec.id, prompt=spec.prompt, tools=tools, max_steps=spec.limits.max_steps)
+
+    def step(self, action: ListToolsStep | CallToolStep | AssistantMessageStep, timeout_s: float | None = None, **_: Any) -> Observation:
+        if isinstance(action, ListToolsStep):
+            return ListToolsObservation(tools=[McpTool(name=t.name, description=t.description, input_schema=t.parameters()) for t in TOOLS.values()])
+        episode = self._active_episode()
+        started_at, started = time.time(), time.perf_counter()
+        call = self._resolve(action)
+        flags = scan_tool_call(call.tool_name, call.arguments, episode.task) if call.tool else []
+        episode.workspace.monitor_flags.extend(f for f in flags if f not in episode.workspace.monitor_flags)
+        outcome = call.error or self._run(call, episode)
+        if not outcome.done and len(episode.record.steps) + 1 >= episode.task.limits.max_steps:
+            outcome = self._grade_at_step_limit(outcome, episode)
+        kind = episode.streak.observe(outcome.error_kind)
+        if kind is ErrorKind.REPEATED_FAILURE:
+            outcome.metadata["underlying_error_kind"] = outcome.error_kind.value
+        parsed = {"tool_name": call.tool_name, "arguments": call.arguments} if call.tool else None
+        hint = self._hints.hint(kind, output=outcome.output, call=parsed, task_prompt=episode.task.prompt, underlying=outcome.error_kind)
+        output = f"{outcome.output}\n\nHint: {hint}" if hint and episode.show_hints else outcome.output
+        observation = CodingObservation(
+            tool_name=call.tool_name,
+            output=output,
+            exit_code=outcome.exit_code,
+            error_kind=kind,
+            hint=hint,
+            truncated=outcome.truncated,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=outcome.output) if kind in FRAMEWORK_ERRORS else None,
+            done=outcome.done,
+            reward=outcome.reward,
+            metadata=outcome.metadata,
+        )
+        episode.record.steps.append(
+            TrajectoryStep(
+                index=len(episode.record.steps),
+                action=action.model_dump(exclude={"metadata"}),
+                parsed_call=parsed,
+                observation=ToolResult.model_validate(observation.model_dump(include=set(ToolResult.model_fields))),
+                reward=outcome.reward,
+                done=outcome.done,
+                started_at=started_at,
+                monitor_flags=flags,
+            )
+        )
+        if outcome.done:
+            self._finish(episode, outcome)
+        return observation
+
+    @property
+    def state(self) -> CodingState:
+        episode = self._episode
+        if episode is None:
+            return CodingState(session_id=self._session_id)
+        return CodingState(
+            episode_id=episode.record.episode_id,
+            step_count=len(episode.record.steps),
+            session_id=self._session_id,
+            task_id=episode.task.id,
+            done=episode.done,
+            reward=episode.reward,
+            max_steps=episode.task.limits.max_steps,
+            show_hints=episode.show_hints,
+            sandbox_id=episode.sandbox.id,
+        )
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="coding-env",
+            description="Agentic coding tasks in hardened sandboxes: bash and file tools, typed error kinds, hints, "
+            "hidden-test grading.",
+            version="0.1.0",
+            documentation_url="docs/api.md",
+        )
+
+    def close(self) -> None:
+        self._end_episode()
+
+    # -- Beyond OpenEnv ----------------------------------------------------------------------
+
+    def trajectory(self) -> EpisodeRecord:
+        """The current (or last) episode as recorded so far."""
+        return self._active_episode(allow_done=True).record
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _resolve_task(self, task_id: str | None, task: TaskSpec | dict[str, Any] | None, seed: int | None) -> TaskSpec:
+        if task is not None:
+            try:
+                return TaskSpec.model_validate(task)
+            except ValidationError as exc:
+                raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid inline task spec", exc.errors(include_url=False)) from exc
+        if task_id is None:
+            ids = self._tasks.ids("builtin")
+            task_id = ids[(seed or 0) % len(ids)]
+        try:
+            return self._tasks.get(task_id)
+        except KeyError as exc:
+            raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, f"unknown task {task_id!r}") from exc
+
+    def _open_sandbox(self) -> Sandbox:
+        try:
+            return self._checkout()
+        except Exception as exc:
+            raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"no sandbox could be started: {exc}") from exc
+
+    def _active_episode(self, allow_done: bool = False) -> _Episode:
+        if self._episode is None:
+            raise ServiceError(ApiErrorCode.EPISODE_NOT_STARTED, "reset the session before stepping it")
+        if self._episode.done and not allow_done:
+            raise ServiceError(ApiErrorCode.EPISODE_DONE, "the episode is over; reset to start another")
+        return self._episode
+
+    def _resolve(self, action: CallToolStep | AssistantMessageStep) -> _Call:
+        if isinstance(action, AssistantMessageStep):
+            try:
+                calls = parse_tool_calls(action.content, TOOL_PARAMETERS)
+            except ToolCallParseError as exc:
+                return _Call("", error=ToolOutcome(str(exc), error_kind=ErrorKind.JSON_DECODE))
+            if not calls:
+                return _Call("", error=ToolOutcome("No tool call found in the message.", error_kind=ErrorKind.TOOL_NOT_FOUND))
+            name, arguments = calls[0].name, calls[0].arguments
+        else:
+            name, arguments = action.tool_name, action.arguments
+        tool = TOOLS.get(name)
+        if tool is None:
+            return _Call(name, error=ToolOutcome(f"Unknown tool {name!r}.", error_kind=ErrorKind.TOOL_NOT_FOUND))
+        if isinstance(arguments, str):
+            parsed = load_json_object(arguments) if arguments.strip() else {}
+            if parsed is None:
+                return _Call(name, error=ToolOutcome(f"Arguments are not a JSON object: {arguments[:200]!r}", error_kind=ErrorKind.JSON_DECODE))
+            arguments = parsed
+        try:
+            validated = tool.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            return _Call(name, error=ToolOutcome(f"Invalid arguments for {name}: {problems}", error_kind=ErrorKind.TYPE_ERROR))
+        return _Call(name, tool, validated.model_dump(exclude_unset=True))
+
+    def _run(self, call: _Call, episode: _Episode) -> ToolOutcome:
+        try:
+            return call.tool.run(episode.workspace, **call.arguments)
+        except SandboxError as exc:
+            outcome = ToolOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
+            if not episode.sandbox.is_alive():
+                # The episode cannot go on; a null reward tells the trainer to drop it, not to learn from it.
+                outcome.done = True
+                outcome.metadata["aborted"] = "sandbox_error"
+            return outcome
+
+    def _grade_at_step_limit(self, last: ToolOutcome, episode: _Episode) -> ToolOutcome:
+        graded = self._run(_Call("submit", TOOLS["submit"]), episode)
+        last.output = f"{last.output}\n\n[step limit reached] {graded.output}".lstrip()
+        last.done, last.reward = graded.done, graded.reward
+        last.metadata.update(graded.metadata, step_limit_reached=True)
+        return last
+
+    def _finish(self, episode: _Episode, outcome: ToolOutcome) -> None:
+        episode.done, episode.reward = True, outcome.reward
+        record = episode.record
+        record.ended_at = time.time()
+        record.reward = outcome.reward
+        record.tests_passed = outcome.metadata.get("tests_passed")
+        record.tests_total = outcome.metadata.get("tests_total")
+        record.monitor_flags = list(outcome.metadata.get("monitor_flags", episode.workspace.monitor_flags))
+        # The graded sandbox is of no further use; free it now rather than at the next reset.
+        episode.sandbox.close()
+        if self._episode_log is not None:
+            self._episode_log.append(record)
+
+    def _end_episode(self) -> None:
+        if self._episode is not None:
+            self._episode.sandbox.close()
+            self._episode = None

@@ -1,0 +1,121 @@
+"""Sessions: each owns one environment (and through it at most one sandbox).
+
+Calls into one session are serialised by its lock, so steps never interleave; the blocking
+sandbox work runs on a thread pool, so sessions proceed in parallel. A capacity bound refuses
+new sessions with `capacity_reached`; an idle reaper closes sessions nobody touched for
+`idle_timeout_s`, freeing their sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+from env_server.environment import CodingEnvironment
+from env_server.models import ApiErrorCode
+from env_server.service_errors import ServiceError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class Session:
+    id: str
+    env: CodingEnvironment
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+
+class SessionManager:
+    """Opens, finds, runs and closes sessions; see the module docstring."""
+
+    def __init__(
+        self,
+        new_environment: Callable[[str], CodingEnvironment],
+        *,
+        max_sessions: int,
+        idle_timeout_s: float,
+        executor: ThreadPoolExecutor,
+        on_count_change: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self._new_environment = new_environment
+        self._max_sessions = max_sessions
+        self._idle_timeout_s = idle_timeout_s
+        self._executor = executor
+        self._on_count_change = on_count_change
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self) -> Session:
+        """A new session with a fresh environment (no sandbox until its first reset)."""
+        if len(self._sessions) >= self._max_sessions:
+            raise ServiceError(
+                ApiErrorCode.CAPACITY_REACHED,
+                f"all {self._max_sessions} sessions are in use; close one or retry later",
+                {"active_sessions": len(self._sessions), "max_sessions": self._max_sessions},
+            )
+        session_id = uuid.uuid4().hex
+        session = Session(session_id, self._new_environment(session_id))
+        self._sessions[session_id] = session
+        self._on_count_change(len(self._sessions))
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ServiceError(ApiErrorCode.SESSION_NOT_FOUND, f"no session {session_id!r} (closed, expired or never opened)")
+        return session
+
+    async def run(self, session: Session, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` on the thread pool, after every earlier call of this session finished."""
+        async with session.lock:
+            if session.closed:
+                raise ServiceError(ApiErrorCode.SESSION_NOT_FOUND, f"session {session.id!r} was closed")
+            session.last_used = time.monotonic()
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            finally:
+                session.last_used = time.monotonic()
+
+    async def close(self, session_id: str) -> None:
+        """Close a session and free its sandbox, once any call in flight has finished."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise ServiceError(ApiErrorCode.SESSION_NOT_FOUND, f"no session {session_id!r}")
+        self._on_count_change(len(self._sessions))
+        # Shielded: a client that disconnects mid-close must not leave the sandbox running.
+        await asyncio.shield(self._close_env(session))
+
+    async def _close_env(self, session: Session) -> None:
+        async with session.lock:
+            session.closed = True
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._executor, session.env.close)
+            except Exception:
+                log.exception("closing session %s failed", session.id)
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self.close(sid) for sid in list(self._sessions)), return_exceptions=True)
+
+    async def reap_idle(self) -> None:
+        """Close idle sessions forever (run as a background task; cancel to stop)."""
+        interval = min(self._idle_timeout_s / 4, 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            idle = [s.id for s in self._sessions.values() if not s.lock.locked() and now - s.last_used > self._idle_timeout_s]
+            for session_id in idle:
+                log.info("closing idle session %s", session_id)
+                try:
+                    await self.close(session_id)
+                except ServiceError:
+                    pass  # closed meanwhile

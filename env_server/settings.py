@@ -1,0 +1,86 @@
+"""Service configuration, read from `CODING_ENV_*` environment variables.
+
+Nested fields use `__`: `CODING_ENV_SANDBOX__MEMORY_MB=512` sets `sandbox.memory_mb`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandbox.spec import SandboxSpec
+
+
+class HintSettings(BaseModel):
+    """The optional LLM judge behind hints (off unless `llm_url` is set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm_url: str | None = None
+    """Base URL of an OpenAI-compatible API (`.../v1`); None disables the judge."""
+
+    llm_model: str = "gpt-4o-mini"
+    """Model name sent to the judge endpoint."""
+
+    llm_api_key: SecretStr | None = None
+    """Bearer token for the judge endpoint, if it needs one."""
+
+    llm_timeout_s: float = Field(default=10.0, gt=0)
+    """Timeout of one judge request; on expiry the template hint is used."""
+
+    cache_dir: Path | None = None
+    """Directory of the judge's disk cache (one JSON file per prompt hash); None: no cache."""
+
+    max_chars: int = Field(default=400, ge=40)
+    """Hints longer than this are cut (judge answers included)."""
+
+
+class ServiceSettings(BaseSettings):
+    """Everything `coding-env serve` can be told. Defaults suit one host serving one trainer."""
+
+    model_config = SettingsConfigDict(env_prefix="CODING_ENV_", env_nested_delimiter="__", extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Interface uvicorn binds to (`0.0.0.0` inside the compose container)."""
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port (0: any free port)."""
+
+    api_token: SecretStr | None = None
+    """When set, every route but `/health` requires `Authorization: Bearer <token>`."""
+
+    max_sessions: int = Field(default=64, ge=1)
+    """Sessions (each owning at most one sandbox) alive at once; more get 503 `capacity_reached`."""
+
+    idle_timeout_s: float = Field(default=600.0, gt=0)
+    """A session untouched this long is closed and its sandbox freed (WebSocket sessions too)."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body (and WebSocket frame) accepted; larger requests get 413 `body_too_large`."""
+
+    sandbox_backend: Literal["docker", "local"] = "docker"
+    """`docker` (hardened containers) or `local` (bubblewrap, for hosts without Docker)."""
+
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    """Image, limits and hardening of every sandbox."""
+
+    pool_size: int = Field(default=4, ge=0)
+    """Started sandboxes kept ready so reset does not wait for a container start."""
+
+    reap_orphans_on_start: bool = True
+    """Remove sandboxes left behind by a predecessor that died without cleaning up."""
+
+    trajectory_dir: Path | None = None
+    """When set, each finished episode is appended as one JSON line to `episodes.jsonl` here."""
+
+    hints: HintSettings = Field(default_factory=HintSettings)
+    """Hint generation."""
+
+    executor_threads: int = Field(default=0, ge=0)
+    """Threads running blocking sandbox calls; 0: `max_sessions + 8`, so every session can run at once."""
+
+    log_level: str = "info"
+    """uvicorn log level."""

@@ -1,0 +1,102 @@
+"""One registry in front of every task suite.
+
+A suite is a plugin: an object with `ids()` and `get(task_id)` (the `TaskSuite` protocol),
+registered under its name with a zero-argument factory. Factories run on first use, so
+listing the suites never reads third-party data, and a service that only serves builtin
+tasks never loads HumanEval.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from env_server.models import TaskSpec
+
+CACHE_DIR_ENV = "CODING_ENV_TASK_CACHE_DIR"
+
+
+class TaskSuite(Protocol):
+    """A loaded suite: ids are `suite/...`, stable across processes for the same data."""
+
+    def ids(self) -> list[str]: ...
+
+    def get(self, task_id: str) -> TaskSpec: ...
+
+
+class StaticSuite:
+    """A suite whose tasks are all built up front (small suites, or ones cheap to build)."""
+
+    def __init__(self, tasks: list[TaskSpec]) -> None:
+        self._tasks = {task.id: task for task in tasks}
+
+    def ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def get(self, task_id: str) -> TaskSpec:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise KeyError(f"unknown task {task_id!r}") from None
+
+
+class TaskRegistry:
+    """Suites by name, each loaded lazily the first time one of its tasks is asked for."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, Callable[[], TaskSuite]] = {}
+        self._loaded: dict[str, TaskSuite] = {}
+
+    def register(self, suite: str, factory: Callable[[], TaskSuite]) -> None:
+        """Add a suite; `factory` is called once, on first use."""
+        if "/" in suite:
+            raise ValueError(f"suite name may not contain '/': {suite!r}")
+        if suite in self._factories:
+            raise ValueError(f"suite {suite!r} is already registered")
+        self._factories[suite] = factory
+
+    def suites(self) -> list[str]:
+        return sorted(self._factories)
+
+    def suite(self, name: str) -> TaskSuite:
+        """The loaded suite; KeyError if no suite has this name."""
+        if name not in self._loaded:
+            if name not in self._factories:
+                raise KeyError(f"unknown task suite {name!r}; known: {', '.join(self.suites())}")
+            self._loaded[name] = self._factories[name]()
+        return self._loaded[name]
+
+    def ids(self, suite: str | None = None) -> list[str]:
+        """Task ids of one suite, or of all suites in suite order."""
+        names = [suite] if suite is not None else self.suites()
+        return [task_id for name in names for task_id in self.suite(name).ids()]
+
+    def get(self, task_id: str) -> TaskSpec:
+        """The task with this id; KeyError if no suite knows it."""
+        suite_name = task_id.split("/", 1)[0]
+        if suite_name not in self._factories:
+            raise KeyError(f"unknown task {task_id!r}: no suite {suite_name!r}")
+        return self.suite(suite_name).get(task_id)
+
+
+def default_cache_dir() -> Path:
+    """Where generated suites live: `$CODING_ENV_TASK_CACHE_DIR` or `~/.cache/coding-env/tasks`."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "coding-env" / "tasks"
+
+
+def default_registry(cache_dir: Path | None = None) -> TaskRegistry:
+    """Builtin, HumanEval, program I/O, shell and the feature-deletion tasks found in `cache_dir`."""
+    # Imported here so that importing the registry type stays cheap for the wire layer.
+    from env_server.tasks import agent_bench, builtin, codeio, feature_deletion, humaneval
+
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    registry = TaskRegistry()
+    registry.register(builtin.SUITE, builtin.BuiltinSuite)
+    registry.register(humaneval.SUITE, humaneval.HumanEvalSuite)
+    registry.register(codeio.SUITE, lambda: codeio.CodeIOSuite(cache))
+    registry.register(agent_bench.SUITE, agent_bench.AgentBenchSuite)
+    registry.register(feature_deletion.SUITE, lambda: feature_deletion.FeatureDeletionSuite(cache))
+    return registry

@@ -1,0 +1,242 @@
+"""The coding tools, declared once: typed signatures and docstrings become the JSON schemas that
+reset, `list_tools` and MCP `tools/list` publish, and the argument validation of every call.
+
+A tool is a plain function `(workspace, **arguments) -> ToolOutcome`; `@tool` registers it.
+Parameter descriptions live in `Annotated[..., Field(description=...)]`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from env_server.error_kinds import classify_exec
+from env_server.grading import grade
+from env_server.models import ErrorKind, TaskSpec
+from sandbox.base import ExecResult, Sandbox
+
+SEARCH_MAX_LINES = 200
+"""`search` stops after this many matching lines (the agent should narrow the pattern)."""
+
+
+@dataclass
+class Workspace:
+    """What a tool acts on: the session's sandbox, its task, and what grading needs."""
+
+    sandbox: Sandbox
+    task: TaskSpec
+    fresh_sandbox: Callable[[], Sandbox]
+    """Opens the clean sandbox the hidden tests run in (a warm-pool checkout)."""
+    monitor_flags: list[str] = field(default_factory=list)
+    """Flags the monitor raised on this episode's calls so far."""
+
+
+@dataclass
+class ToolOutcome:
+    """What a tool produced, before hints and bookkeeping are added."""
+
+    output: str
+    exit_code: int | None = None
+    error_kind: ErrorKind | None = None
+    truncated: bool = False
+    done: bool = False
+    reward: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One registered tool: its name, description, argument model and implementation."""
+
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    run: Callable[..., ToolOutcome]
+
+    def openai_schema(self) -> dict[str, Any]:
+        """OpenAI function-calling format (what chat templates and TRL expect)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters()}}
+
+    def mcp_schema(self) -> dict[str, Any]:
+        """MCP `tools/list` entry."""
+        return {"name": self.name, "description": self.description, "inputSchema": self.parameters()}
+
+    def parameters(self) -> dict[str, Any]:
+        schema = self.arguments.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return schema
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def tool(fn: Callable[..., ToolOutcome]) -> Callable[..., ToolOutcome]:
+    """Register `fn` as a tool; its parameters after `workspace` become the argument schema."""
+    params = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+    fields: dict[str, Any] = {
+        p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default) for p in params
+    }
+    arguments = create_model(f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    TOOLS[fn.__name__] = Tool(fn.__name__, inspect.cleandoc(fn.__doc__ or ""), arguments, fn)
+    return fn
+
+
+def _exec_outcome(result: ExecResult, *, tests_expected: bool = False) -> ToolOutcome:
+    parts = [result.stdout.rstrip("\n"), result.stderr.rstrip("\n")]
+    text = "\n".join(p for p in parts if p)
+    kind = classify_exec(result, tests_expected=tests_expected)
+    if kind is ErrorKind.OOM:
+        text += "\n[killed: out of memory]"
+    elif kind is ErrorKind.TIMEOUT:
+        text += "\n[killed: timed out]"
+    elif result.exit_code not in (0, None):
+        text += f"\n[exit code {result.exit_code}]"
+    return ToolOutcome(text.lstrip("\n"), result.exit_code, kind, result.truncated)
+
+
+def _python_syntax_error(path: str, content: str) -> str | None:
+    """The SyntaxError a `.py` file would raise on import, checked without running it."""
+    if not path.endswith(".py"):
+        return None
+    try:
+        compile(content, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return None
+
+
+def _file_error(path: str, exc: OSError) -> ToolOutcome:
+    kinds = {FileNotFoundError: ErrorKind.FILE_NOT_FOUND, PermissionError: ErrorKind.PERMISSION_DENIED}
+    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=kinds.get(type(exc), ErrorKind.RUNTIME_ERROR))
+
+
+def _written(path: str, content: str, verb: str) -> ToolOutcome:
+    error = _python_syntax_error(path, content)
+    if error:
+        return ToolOutcome(f"{verb} {path}, but it does not compile: {error}", error_kind=ErrorKind.SYNTAX_ERROR)
+    return ToolOutcome(f"{verb} {path} ({content.count(chr(10)) + 1} lines)")
+
+
+@tool
+def bash(
+    ws: Workspace,
+    command: Annotated[str, Field(description="Shell command, run with `bash -c` in the workspace.")],
+    timeout_s: Annotated[
+        float | None, Field(gt=0, description="Seconds before the command is killed (capped by the task's limit).")
+    ] = None,
+) -> ToolOutcome:
+    """Run a shell command in the workspace and return its output (stdout, then stderr)."""
+    limit = ws.task.limits.step_timeout_s
+    return _exec_outcome(ws.sandbox.exec(command, timeout_s=min(timeout_s or limit, limit)))
+
+
+@tool
+def read_file(
+    ws: Workspace,
+    path: Annotated[str, Field(description="File path, relative to the workspace.")],
+    start_line: Annotated[int | None, Field(ge=1, description="First line to return (1-based).")] = None,
+    end_line: Annotated[int | None, Field(ge=1, description="Last line to return (inclusive).")] = None,
+) -> ToolOutcome:
+    """Return the text of a file, optionally only lines start_line..end_line."""
+    try:
+        text = ws.sandbox.read_file(path).decode("utf-8", errors="replace")
+    except OSError as exc:
+        return _file_error(path, exc)
+    if start_line is None and end_line is None:
+        return ToolOutcome(text)
+    lines = text.splitlines(keepends=True)
+    return ToolOutcome("".join(lines[(start_line or 1) - 1 : end_line]))
+
+
+@tool
+def write_file(
+    ws: Workspace,
+    path: Annotated[str, Field(description="File path, relative to the workspace; parent folders are created.")],
+    content: Annotated[str, Field(description="Complete new content of the file.")],
+) -> ToolOutcome:
+    """Create or overwrite a file with the given content."""
+    try:
+        ws.sandbox.write_file(path, content)
+    except OSError as exc:
+        return _file_error(path, exc)
+    return _written(path, content, "Wrote")
+
+
+@tool
+def edit_file(
+    ws: Workspace,
+    path: Annotated[str, Field(description="File path, relative to the workspace.")],
+    old_str: Annotated[str, Field(min_length=1, description="Exact text to replace; must occur exactly once.")],
+    new_str: Annotated[str, Field(description="Replacement text.")],
+) -> ToolOutcome:
+    """Replace the single occurrence of old_str in a file with new_str."""
+    try:
+        text = ws.sandbox.read_file(path).decode("utf-8", errors="replace")
+    except OSError as exc:
+        return _file_error(path, exc)
+    count = text.count(old_str)
+    if count != 1:
+        where = "does not occur" if count == 0 else f"occurs {count} times"
+        return ToolOutcome(f"old_str {where} in {path}; it must match exactly once.", error_kind=ErrorKind.RUNTIME_ERROR)
+    updated = text.replace(old_str, new_str, 1)
+    try:
+        ws.sandbox.write_file(path, updated)
+    except OSError as exc:
+        return _file_error(path, exc)
+    return _written(path, updated, "Edited")
+
+
+@tool
+def list_dir(
+    ws: Workspace,
+    path: Annotated[str, Field(description="Folder, relative to the workspace.")] = ".",
+) -> ToolOutcome:
+    """List the entries of a folder (folders end with /)."""
+    return _exec_outcome(ws.sandbox.exec(f"ls -1Ap -- {shlex.quote(path)}"))
+
+
+@tool
+def search(
+    ws: Workspace,
+    pattern: Annotated[str, Field(min_length=1, description="Extended regular expression (grep -E).")],
+    path: Annotated[str, Field(description="File or folder to search, relative to the workspace.")] = ".",
+) -> ToolOutcome:
+    """Search files for a regular expression; returns matching lines as path:line:text."""
+    result = ws.sandbox.exec(f"grep -rnIE -- {shlex.quote(pattern)} {shlex.quote(path)}")
+    if result.exit_code == 1 and not result.stderr:
+        return ToolOutcome("No matches.", exit_code=1)
+    outcome = _exec_outcome(result)
+    lines = outcome.output.splitlines()
+    if outcome.error_kind is None and len(lines) > SEARCH_MAX_LINES:
+        outcome.output = "\n".join(lines[:SEARCH_MAX_LINES]) + f"\n[{len(lines) - SEARCH_MAX_LINES} more matches: narrow the pattern]"
+    return outcome
+
+
+@tool
+def run_tests(ws: Workspace) -> ToolOutcome:
+    """Run the task's visible tests and return their output."""
+    result = ws.sandbox.exec(ws.task.test_command, timeout_s=ws.task.limits.step_timeout_s)
+    return _exec_outcome(result, tests_expected=True)
+
+
+@tool
+def submit(ws: Workspace) -> ToolOutcome:
+    """Finish the episode: grade the workspace with the hidden tests and return the reward."""
+    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=ws.monitor_flags)
+    summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
+    metadata = {
+        "tests_passed": result.tests_passed,
+        "tests_total": result.tests_total,
+        "failing_tests": list(result.failing_tests),
+        "grading_ms": result.grading_ms,
+        "monitor_flags": list(result.monitor_flags),
+    }
+    return ToolOutcome(summary, done=True, reward=result.reward, metadata=metadata)

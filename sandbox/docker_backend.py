@@ -1,0 +1,201 @@
+"""Docker backend: one hardened container per sandbox, driven over its attached stdin/stdout.
+
+The container's main process is the supervisor (under Docker's init, which reaps zombies).
+It is created with an open stdin that closes when the single attached client goes away
+(`StdinOnce`) and with `auto_remove`, so a host that dies takes its containers with it:
+socket closed -> supervisor sees EOF -> container exits -> Docker removes it. Every
+container carries the service labels so `reap_orphans` finds any that remain.
+Hardening choices are explained in docs/decisions/002-sandbox-hardening.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+
+import docker
+import docker.errors
+from docker.types import Ulimit
+from docker.utils.socket import STDOUT, frames_iter
+
+from sandbox.base import SandboxError
+from sandbox.spec import SandboxSpec
+from sandbox.supervised import BASE_ENV, SupervisedSandbox
+from sandbox.supervisor import bootstrap_argv
+
+SERVICE_LABEL = "coding-env.service"
+SERVICE_VALUE = "sandbox"
+SANDBOX_ID_LABEL = "coding-env.sandbox-id"
+CREATED_AT_LABEL = "coding-env.created-at"
+OWNER_LABEL = "coding-env.owner"
+"""`host:pid` of the process that started the container; reaping spares live owners."""
+
+START_TIMEOUT_S = 60.0
+"""Limit on container start until the supervisor answers its first ping."""
+
+
+@functools.cache
+def default_client() -> docker.DockerClient:
+    """One client per process; its connection pool is sized for many concurrent sandboxes."""
+    return docker.from_env(max_pool_size=128)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class DockerSandbox(SupervisedSandbox):
+    """A sandbox in a hardened Docker container; starts on construction, `close()` removes it."""
+
+    def __init__(self, spec: SandboxSpec, client: docker.DockerClient | None = None):
+        super().__init__(spec, uuid.uuid4().hex[:16])
+        self._api = (client or default_client()).api
+        self._stderr_tail: deque[bytes] = deque(maxlen=16)  # supervisor's own stderr, for error messages
+        self._container_id: str | None = None
+        self._socket: socket.socket | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def container_id(self) -> str | None:
+        return self._container_id
+
+    def _host_config(self) -> dict:
+        uid, _, gid = self.spec.user.partition(":")
+        tmpfs_options = "rw,exec,nosuid,nodev"
+        return self._api.create_host_config(
+            network_mode="bridge" if self.spec.network else "none",
+            read_only=True,
+            tmpfs={
+                self.spec.workdir: f"{tmpfs_options},size={self.spec.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
+                "/tmp": f"{tmpfs_options},size={self.spec.tmp_mb}m,mode=1777",
+            },
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=self.spec.pids,
+            mem_limit=f"{self.spec.memory_mb}m",
+            memswap_limit=f"{self.spec.memory_mb}m",
+            nano_cpus=int(self.spec.cpus * 1e9),
+            ulimits=[Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)],
+            init=True,
+            auto_remove=True,
+            runtime=self.spec.runtime,
+        )
+
+    def _start(self) -> None:
+        try:
+            created = self._api.create_container(
+                self.spec.image,
+                command=bootstrap_argv(self.spec.workdir),
+                user=self.spec.user,
+                environment=BASE_ENV,
+                working_dir=self.spec.workdir,
+                labels={
+                    **self.spec.labels,
+                    SERVICE_LABEL: SERVICE_VALUE,
+                    SANDBOX_ID_LABEL: self.id,
+                    CREATED_AT_LABEL: f"{time.time():.3f}",
+                    OWNER_LABEL: _owner(),
+                },
+                # detach=False + stdin_open=True is what makes Docker set StdinOnce.
+                detach=False,
+                stdin_open=True,
+                host_config=self._host_config(),
+            )
+            self._container_id = created["Id"]
+            # Attach before start so not a byte of the supervisor's output is missed.
+            attached = self._api.attach_socket(self._container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            self._socket = socket.socket(fileno=os.dup(attached.fileno()))
+            attached.close()
+            self._api.start(self._container_id)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot start a sandbox from {self.spec.image}: {exc}") from exc
+        self._connect(self._stdout_reader(self._socket).__next__, self._socket.sendall, self._describe_failure, START_TIMEOUT_S)
+
+    def _stdout_reader(self, sock: socket.socket) -> Iterator[bytes]:
+        """Demultiplex Docker's attach stream: stdout chunks out, stderr kept for diagnostics."""
+        for stream, data in frames_iter(sock, tty=False):
+            if stream == STDOUT:
+                yield data
+            else:
+                self._stderr_tail.append(data)
+        while True:
+            yield b""
+
+    def _describe_failure(self) -> str:
+        if self._container_id is None:
+            return "sandbox was closed"
+        details = []
+        try:
+            state = self._api.inspect_container(self._container_id)["State"]
+            details.append(f"container status {state['Status']}, exit code {state['ExitCode']}")
+            if state["OOMKilled"]:
+                details.append("killed by the OOM killer")
+        except docker.errors.NotFound:
+            details.append("container is gone")
+        except docker.errors.DockerException as exc:
+            details.append(f"cannot inspect the container: {exc}")
+        stderr = b"".join(self._stderr_tail).decode(errors="replace").strip()
+        if stderr:
+            details.append(f"supervisor stderr: {stderr[-2000:]}")
+        return "; ".join(details)
+
+    def close(self) -> None:
+        container_id, self._container_id = self._container_id, None
+        self._channel = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if container_id is not None:
+            _remove(self._api, container_id)
+
+
+def _remove(api: docker.APIClient, container_id: str) -> None:
+    try:
+        api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: auto-removal is already under way
+            raise
+
+
+def _owner_is_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's process: cannot tell, so it is not ours to reap
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def reap_orphans(client: docker.DockerClient | None = None, all_owners: bool = False, older_than_s: float = 0.0) -> list[str]:
+    """Remove sandbox containers whose owner process is gone (or all of them with `all_owners`).
+
+    Only containers created more than `older_than_s` seconds ago are touched. Returns the ids
+    of the containers removed.
+    """
+    api = (client or default_client()).api
+    now = time.time()
+    removed = []
+    for container in api.containers(all=True, filters={"label": f"{SERVICE_LABEL}={SERVICE_VALUE}"}):
+        labels = container["Labels"]
+        if now - float(labels.get(CREATED_AT_LABEL, 0)) < older_than_s:
+            continue
+        if not all_owners and _owner_is_alive(labels.get(OWNER_LABEL, "")):
+            continue
+        _remove(api, container["Id"])
+        removed.append(container["Id"])
+    return removed

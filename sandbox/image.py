@@ -1,0 +1,116 @@
+"""Building the sandbox image from a registry base or, offline, from a debootstrap rootfs.
+
+One Dockerfile (sandbox/images/Dockerfile) serves both paths; only its BASE differs. The
+offline base is a Debian rootfs made by debootstrap and loaded with `docker import`, which
+already carries python3, pytest and git, so the build needs no network. See
+docs/decisions/004-sandbox-image-build.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from importlib.resources import files
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from sandbox.docker_backend import default_client
+from sandbox.spec import DEFAULT_IMAGE, DEFAULT_REMOVED_BINARIES
+
+log = logging.getLogger(__name__)
+
+REGISTRY_BASE = "python:3.12-slim"
+"""Base image used where a registry is reachable."""
+
+OFFLINE_BASE = "coding-env-rootfs:bookworm"
+"""Name under which the debootstrap rootfs is imported."""
+
+ROOTFS_DIR = Path("/var/cache/coding-env/rootfs-bookworm")
+"""Where the debootstrap rootfs is kept between builds (debootstrap takes minutes)."""
+
+DEBOOTSTRAP_PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates")
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+
+def image_exists(name: str, client: docker.DockerClient | None = None) -> bool:
+    try:
+        (client or default_client()).images.get(name)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def build_image(
+    offline: bool | None = None,
+    if_missing: bool = False,
+    base: str = REGISTRY_BASE,
+    tag: str = DEFAULT_IMAGE,
+    removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES,
+    client: docker.DockerClient | None = None,
+) -> str:
+    """Build the sandbox image and return its tag.
+
+    offline: True builds on the debootstrap rootfs, False on `base` from a registry, None tries
+    the registry and falls back to the rootfs. if_missing: do nothing when `tag` exists.
+    """
+    client = client or default_client()
+    if if_missing and image_exists(tag, client):
+        log.info("image %s exists; not rebuilding", tag)
+        return tag
+    if offline is None:
+        try:
+            return _build(client, _registry_base(client, base), tag, removed_binaries)
+        except docker.errors.DockerException as exc:
+            log.warning("registry build failed (%s); building from the offline rootfs", exc)
+            offline = True
+    return _build(client, offline_base(client) if offline else _registry_base(client, base), tag, removed_binaries)
+
+
+def _registry_base(client: docker.DockerClient, base: str) -> str:
+    if not image_exists(base, client):
+        log.info("pulling %s", base)
+        client.images.pull(base)
+    return base
+
+
+def _build(client: docker.DockerClient, base: str, tag: str, removed_binaries: tuple[str, ...]) -> str:
+    log.info("building %s on %s", tag, base)
+    client.images.build(
+        path=str(files("sandbox") / "images"),
+        tag=tag,
+        buildargs={"BASE": base, "REMOVED_BINARIES": " ".join(removed_binaries)},
+        pull=False,
+        rm=True,
+        forcerm=True,
+    )
+    return tag
+
+
+def offline_base(client: docker.DockerClient | None = None) -> str:
+    """The imported rootfs image, importing (and if need be debootstrapping) it first."""
+    client = client or default_client()
+    if image_exists(OFFLINE_BASE, client):
+        return OFFLINE_BASE
+    if not (ROOTFS_DIR / "usr" / "bin" / "python3").exists():
+        _debootstrap(ROOTFS_DIR)
+    log.info("importing %s as %s", ROOTFS_DIR, OFFLINE_BASE)
+    repository, _, tag_name = OFFLINE_BASE.partition(":")
+    with subprocess.Popen(["tar", "-C", str(ROOTFS_DIR), "-c", "."], stdout=subprocess.PIPE) as tar:
+        client.api.import_image(src=tar.stdout, repository=repository, tag=tag_name, stream_src=True)
+    if tar.returncode != 0:
+        raise RuntimeError(f"tar of {ROOTFS_DIR} failed with exit code {tar.returncode}")
+    return OFFLINE_BASE
+
+
+def _debootstrap(target: Path) -> None:
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("the offline build needs debootstrap (apt-get install debootstrap) or a rootfs at " + str(target))
+    log.info("debootstrapping Debian bookworm into %s (a few minutes)", target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["debootstrap", "--variant=minbase", "--include=" + ",".join(DEBOOTSTRAP_PACKAGES), "bookworm", str(target), DEBIAN_MIRROR],
+        check=True,
+    )

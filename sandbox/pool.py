@@ -1,0 +1,131 @@
+"""A warm pool: sandboxes started ahead of time so a session gets one in milliseconds.
+
+Sandboxes are single-use: `checkout` hands one out for good (the caller closes it) and the
+background starters replace it. A sandbox that died while waiting (OOM, engine restart) is
+found by the liveness ping at checkout, closed and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Self
+
+from sandbox.backends import Backend, open_sandbox
+from sandbox.base import Sandbox, SandboxError
+from sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY_S = 5.0
+"""Longest pause between attempts when starting sandboxes keeps failing (e.g. missing image)."""
+
+
+class WarmPool:
+    """Keeps `size` started sandboxes of one spec ready; context manager, `close()` stops all."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec | None = None,
+        size: int = 4,
+        backend: Backend = "docker",
+        parallel_starts: int = 2,
+        start: Callable[[SandboxSpec], Sandbox] | None = None,
+    ):
+        """`start` overrides how a sandbox is made (default: `open_sandbox(spec, backend)`)."""
+        if size < 1 or parallel_starts < 1:
+            raise ValueError("size and parallel_starts must be at least 1")
+        self.spec = spec or SandboxSpec()
+        self.size = size
+        self._start = start or (lambda s: open_sandbox(s, backend))
+        self._ready: deque[Sandbox] = deque()
+        self._starting = 0
+        self._started: weakref.WeakSet[Sandbox] = weakref.WeakSet()  # everything this pool made
+        self._closed = False
+        self._last_error: Exception | None = None
+        self._changed = threading.Condition()
+        self._starters = [
+            threading.Thread(target=self._keep_filled, name=f"warm-pool-starter-{i}", daemon=True) for i in range(parallel_starts)
+        ]
+        for thread in self._starters:
+            thread.start()
+
+    @property
+    def ready_count(self) -> int:
+        with self._changed:
+            return len(self._ready)
+
+    def wait_ready(self, count: int | None = None, timeout_s: float = 120.0) -> None:
+        """Block until `count` (default: `size`) sandboxes are ready; raises SandboxError on timeout."""
+        count = self.size if count is None else count
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._ready) >= count or self._closed, timeout_s):
+                raise SandboxError(f"pool has {len(self._ready)}/{count} sandboxes after {timeout_s} s; last error: {self._last_error}")
+
+    def checkout(self, timeout_s: float = 120.0) -> Sandbox:
+        """Hand out a live sandbox, waiting for one to start if none is ready."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._changed:
+                while not self._ready:
+                    remaining = deadline - time.monotonic()
+                    if self._closed:
+                        raise SandboxError("warm pool is closed")
+                    if remaining <= 0 or not self._changed.wait(remaining):
+                        raise SandboxError(f"no sandbox ready within {timeout_s} s; last start error: {self._last_error}")
+                sandbox = self._ready.popleft()
+                self._changed.notify_all()  # a starter may begin the replacement
+            if sandbox.is_alive():
+                return sandbox
+            log.warning("pooled sandbox %s is dead; replacing it", sandbox.id)
+            sandbox.close()
+
+    def _keep_filled(self) -> None:
+        failures = 0
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._closed or len(self._ready) + self._starting < self.size)
+                if self._closed:
+                    return
+                self._starting += 1
+            try:
+                sandbox = self._start(self.spec)
+            except Exception as exc:  # keep the pool alive; checkout reports the error
+                log.warning("starting a pooled sandbox failed: %s", exc)
+                failures += 1
+                with self._changed:
+                    self._starting -= 1
+                    self._last_error = exc
+                    self._changed.wait_for(lambda: self._closed, min(MAX_RETRY_DELAY_S, 0.1 * 2**failures))
+                continue
+            failures = 0
+            with self._changed:
+                self._starting -= 1
+                keep = not self._closed
+                if keep:
+                    self._started.add(sandbox)
+                    self._ready.append(sandbox)
+                    self._changed.notify_all()
+            if not keep:
+                sandbox.close()
+
+    def close(self) -> None:
+        """Stop the starters and close every sandbox the pool started, checked out or not."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        for thread in self._starters:
+            thread.join()
+        for sandbox in list(self._started):
+            sandbox.close()
+        self._ready.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,56 @@
+"""Suite-wide guard: the tests must leave no sandbox container behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+
+def _leaked_sandboxes(since: float) -> list[str]:
+    """Sandbox containers this run left: owned by this process, or by a dead process of ours
+    (a server subprocess, a killed caller) created after `since`."""
+    try:
+        import docker
+        import docker.errors
+
+        from sandbox.docker_backend import CREATED_AT_LABEL, OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
+
+        api = docker.from_env().api
+        containers = api.containers(all=True, filters={"label": f"{SERVICE_LABEL}={SERVICE_VALUE}"})
+    except Exception:  # no SDK or no engine: nothing can have leaked
+        return []
+    leaked = []
+    for container in containers:
+        labels = container["Labels"]
+        host, _, pid = labels.get(OWNER_LABEL, "").rpartition(":")
+        if host != socket.gethostname() or float(labels.get(CREATED_AT_LABEL, 0)) < since:
+            continue
+        if int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+                continue  # a live process of someone else's run
+            except ProcessLookupError:
+                pass
+        try:
+            # Auto-removal of a stopped container may still be under way; give it its event.
+            if container["State"] != "running":
+                api.wait(container["Id"], timeout=30, condition="removed")
+                continue
+        except docker.errors.NotFound:
+            continue
+        except Exception:
+            pass
+        leaked.append(f"{container['Id'][:12]} ({container['Status']})")
+    return leaked
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sandbox_left_behind() -> Iterator[None]:
+    started = time.time()
+    yield
+    leaked = _leaked_sandboxes(started)
+    assert not leaked, f"sandbox containers left after the test run: {leaked}"

@@ -1,0 +1,115 @@
+"""Docker-only behaviour: hardening flags, labels, a killed caller, reaping orphans."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import docker.errors
+import pytest
+
+from sandbox import SandboxSpec
+from sandbox.docker_backend import (
+    OWNER_LABEL,
+    SANDBOX_ID_LABEL,
+    SERVICE_LABEL,
+    DockerSandbox,
+    default_client,
+    reap_orphans,
+)
+from tests.sandbox.conftest import SPEC, needs_docker
+
+pytestmark = needs_docker
+
+
+@pytest.fixture
+def docker_sandbox() -> Iterator[DockerSandbox]:
+    with DockerSandbox(SPEC) as sb:
+        yield sb
+
+
+def _gone(container_id: str) -> bool:
+    """Wait for Docker's own removal event, then report whether the container is gone."""
+    api = default_client().api
+    try:
+        api.wait(container_id, timeout=60, condition="removed")
+        api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        return True
+    return False
+
+
+def test_container_is_created_hardened(docker_sandbox: DockerSandbox) -> None:
+    attrs = default_client().api.inspect_container(docker_sandbox.container_id)
+    host = attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Privileged"] is False and host["Init"] is True
+    assert host["PidsLimit"] == SPEC.pids
+    assert host["Memory"] == host["MemorySwap"] == SPEC.memory_mb * 2**20
+    assert host["NanoCpus"] == int(SPEC.cpus * 1e9)
+    assert host["Ulimits"] == [{"Name": "nofile", "Soft": SPEC.nofile, "Hard": SPEC.nofile}]
+    assert not attrs["Mounts"], "nothing from the host (e.g. the Docker socket) is mounted"
+    assert attrs["Config"]["User"] == "1000:1000"
+    labels = attrs["Config"]["Labels"]
+    assert labels[SERVICE_LABEL] == "sandbox" and labels[SANDBOX_ID_LABEL] == docker_sandbox.id
+
+
+def test_no_capabilities_inside(docker_sandbox: DockerSandbox) -> None:
+    status = docker_sandbox.exec("grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status").stdout.split()
+    assert status[1::2] == ["0000000000000000"] * 3
+
+
+def test_close_removes_the_container() -> None:
+    sb = DockerSandbox(SPEC)
+    container_id = sb.container_id
+    sb.close()
+    assert _gone(container_id)
+
+
+def test_a_killed_caller_leaves_no_container(tmp_path) -> None:
+    caller = textwrap.dedent(
+        """
+        import threading
+        from sandbox import SandboxSpec
+        from sandbox.docker_backend import DockerSandbox
+        sb = DockerSandbox(SandboxSpec(memory_mb=256))
+        threading.Thread(target=sb.exec, args=("touch started; sleep 1000",), daemon=True).start()
+        while sb.exec("test -f started").exit_code != 0:
+            pass
+        print(sb.container_id, flush=True)
+        threading.Event().wait()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=tmp_path.parent)
+    try:
+        container_id = proc.stdout.readline().strip()
+        assert container_id, "the caller did not start its sandbox"
+    finally:
+        proc.kill()  # SIGKILL: no cleanup code of the caller runs
+        proc.wait()
+    assert _gone(container_id)
+
+
+def test_reap_removes_containers_of_dead_owners_only() -> None:
+    live = DockerSandbox(SPEC)
+    orphan = DockerSandbox(SandboxSpec(**{**SPEC.model_dump(), "labels": {"test": "orphan"}}))
+    try:
+        # Make `orphan` look as if a process that no longer exists had started it.
+        api = default_client().api
+        dead_owner = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+        api.commit  # noqa: B018 - labels are immutable, so recreate the orphan with a dead owner below
+    finally:
+        orphan.close()
+    del dead_owner
+    try:
+        removed = reap_orphans()
+        assert live.container_id not in removed
+        assert live.is_alive()
+    finally:
+        live.close()
+    assert OWNER_LABEL

@@ -1,0 +1,45 @@
+"""Whole episodes through the real service and real sandboxes, over each transport."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from env_server.models import EpisodeRecord, ErrorKind
+from env_server.tasks import builtin
+from tests.service.conftest import HttpSession
+
+FIZZBUZZ = builtin.BuiltinSuite().get("builtin/fizzbuzz")
+SOLUTION = FIZZBUZZ.metadata["solution"]["solution.py"]
+
+
+def test_http_session_episode_solves_the_task_and_records_it(session: HttpSession, client: httpx.Client, service_dir: Path) -> None:
+    reset = session.reset(task_id="builtin/fizzbuzz")
+    assert reset["observation"]["task_id"] == "builtin/fizzbuzz"
+    assert "fizzbuzz" in reset["observation"]["prompt"]
+    assert {t["function"]["name"] for t in reset["observation"]["tools"]} == {
+        "bash", "read_file", "write_file", "edit_file", "list_dir", "search", "run_tests", "submit"
+    }
+
+    listing = session.step("bash", {"command": "ls"})
+    assert listing["observation"]["error_kind"] is None
+    assert "solution.py" in listing["observation"]["output"]
+    assert "test_hidden" not in listing["observation"]["output"]
+
+    assert session.step("write_file", {"path": "solution.py", "content": SOLUTION})["observation"]["error_kind"] is None
+    tests = session.step("run_tests")
+    assert tests["observation"]["error_kind"] is None, tests["observation"]["output"]
+
+    final = session.step("submit")
+    assert final["done"] is True
+    assert final["reward"] == 1.0
+    assert final["metadata"]["tests_passed"] == final["metadata"]["tests_total"] > 0
+    assert final["metadata"]["failing_tests"] == []
+
+    trajectory = EpisodeRecord.model_validate(client.get(f"/sessions/{session.id}/trajectory").json())
+    assert [s.parsed_call["tool_name"] for s in trajectory.steps] == ["bash", "write_file", "run_tests", "submit"]
+    assert trajectory.reward == 1.0
+    logged = [json.loads(line) for line in (service_dir / "trajectories" / "episodes.jsonl").read_text().splitlines()]
+    assert any(r["episode_id"] == trajectory.episode_id and r["reward"] == 1.0 for r in logged)

@@ -1,0 +1,161 @@
+"""Shared pieces of the trainer tests: SmolLM2's real tokenizer, tiny random models, and rollouts
+built token by token the way TRL's tool loop builds them (a random model emits no tool calls)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from datasets import Dataset
+
+from env_server.models import ErrorKind
+from trainer_client.hint_sites import ToolCallRecord, locate_hint_sites
+from trainer_client.policy import load_tool_tokenizer, tiny_random_model
+from trainer_client.records import PreferencePair
+from trainer_client.trainer import ComposerConfig, ComposerTrainer
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command."}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import os
+
+    cache = Path(os.environ.get("CODING_ENV_CACHE", Path.home() / ".cache" / "coding-env"))
+    return load_tool_tokenizer(cache)
+
+
+@pytest.fixture(scope="session")
+def base_model(tokenizer: Any) -> torch.nn.Module:
+    return tiny_random_model(len(tokenizer), hidden_size=32, layers=2, seed=0)
+
+
+def constant_reward(completions: list, **kwargs: Any) -> list[float]:
+    return [float(i % 2) for i in range(len(completions))]
+
+
+def make_config(tmp_path: Path, config_class: type = ComposerConfig, **overrides: Any) -> Any:
+    defaults = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        activation_checkpointing=False,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=24,
+        report_to=[],
+        logging_steps=1,
+        seed=0,
+        save_strategy="no",
+    )
+    return config_class(**{**defaults, **overrides})
+
+
+def make_trainer(model: torch.nn.Module, tokenizer: Any, config: Any, trainer_class: type = ComposerTrainer, **kwargs: Any):
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "Fix the bug."}]}] * 4)
+    trainer = trainer_class(
+        model=copy.deepcopy(model),
+        reward_funcs=constant_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        **kwargs,
+    )
+    trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
+    return trainer
+
+
+def tool_call_text(command: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "\n</tool_call><|im_end|>"
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    model_token_mask: list[int]
+    messages: list[dict[str, Any]]
+    records: list[ToolCallRecord]
+
+
+def build_rollout(trainer: ComposerTrainer, tokenizer: Any, hinted: bool) -> Rollout:
+    """Turn 0 calls bash, the tool answers, turn 1 replies in text: TRL's token layout for a tool round."""
+    prompt = [{"role": "user", "content": "Make the tests pass."}]
+    prompt_ids = tokenizer.apply_chat_template(prompt, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+    turn0 = tokenizer.encode(tool_call_text("pytset -q"), add_special_tokens=False)
+    tool_message = {"role": "tool", "name": "bash", "content": "bash: pytset: command not found"}
+    suffix = trainer._get_tool_suffix_ids([tool_message])
+    turn1 = tokenizer.encode("Fixed it.<|im_end|>", add_special_tokens=False)
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": "pytset -q"}}}]},
+        tool_message,
+        {"role": "assistant", "content": "Fixed it."},
+    ]
+    record = ToolCallRecord(
+        "bash",
+        ErrorKind.COMMAND_NOT_FOUND,
+        "`pytset` is not a command; did you mean `pytest`?" if hinted else None,
+    )
+    return Rollout(
+        list(prompt_ids),
+        [*turn0, *suffix, *turn1],
+        [1] * len(turn0) + [0] * len(suffix) + [1] * len(turn1),
+        messages,
+        [record],
+    )
+
+
+def build_batch(trainer: ComposerTrainer, tokenizer: Any, hinted: list[bool]) -> dict[str, Any]:
+    """A batch shaped like `_generate_and_score_completions` output, hint sites included."""
+    rollouts = [build_rollout(trainer, tokenizer, h) for h in hinted]
+    pad_id = tokenizer.pad_token_id
+    prompt_width = max(len(r.prompt_ids) for r in rollouts)
+    completion_width = max(len(r.completion_ids) for r in rollouts)
+    prompt_ids = torch.tensor([[pad_id] * (prompt_width - len(r.prompt_ids)) + r.prompt_ids for r in rollouts])
+    prompt_mask = torch.tensor([[0] * (prompt_width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rollouts])
+    completion_ids = torch.tensor([r.completion_ids + [pad_id] * (completion_width - len(r.completion_ids)) for r in rollouts])
+    completion_mask = torch.tensor([[1] * len(r.completion_ids) + [0] * (completion_width - len(r.completion_ids)) for r in rollouts])
+    tool_mask = torch.tensor([r.model_token_mask + [1] * (completion_width - len(r.completion_ids)) for r in rollouts])
+    sites = [
+        locate_hint_sites(r.records, r.messages, {"bash"}, (cm * tm).tolist(), trainer._hint_template)
+        for r, cm, tm in zip(rollouts, completion_mask, tool_mask)
+    ]
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "tool_mask": tool_mask,
+        "advantages": torch.tensor([1.0, -1.0] * (len(rollouts) // 2) + [0.5] * (len(rollouts) % 2)),
+        "num_items_in_batch": (completion_mask * tool_mask).sum(),
+        "hint_sites": sites,
+        "hint_tokens": torch.tensor(sum(s.end - s.start for ss in sites for s in ss)),
+    }
+
+
+def preference_pairs() -> list[PreferencePair]:
+    context = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Run the tests."}]
+    call = lambda cmd: {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": cmd})}}]}  # noqa: E731
+    return [
+        PreferencePair(state_id=f"s{i}", messages=context, chosen=call("python3 -m pytest -q"), rejected=call(f"pytset {i}"))
+        for i in range(3)
+    ]

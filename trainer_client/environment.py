@@ -1,0 +1,138 @@
+"""The service as a TRL environment: pass `environment_factory(settings)` to
+`GRPOTrainer(environment_factory=...)` (or `ComposerTrainer`).
+
+TRL exposes an environment's public methods as tools, reading each method's signature and its
+Google-style `Args:` docstring (`transformers.utils.get_json_schema`). Here those methods are
+generated at start-up from the service's own tool schemas, so a tool added on the server shows up
+in training without a client change. Every call is recorded (`tool_calls`) with its error kind and
+hint: the trainer turns hinted errors into SDPO hint sites. The policy sees only the tool output,
+which carries a hint only when the session was reset with `show_hints`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+from trainer_client.client import ClientSettings, CodingEnvClient
+from trainer_client.hint_sites import ToolCallRecord
+
+_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+_RESERVED = {"reset", "get_reward"}
+EPISODE_OVER = "The episode is over: no more tool calls are accepted."
+
+
+class CodingEnvironment:
+    """One rollout's session of the service. Tool methods are added by `environment_class`."""
+
+    def __init__(self, settings: ClientSettings, *, grade_unsubmitted: bool = True) -> None:
+        self._client = CodingEnvClient(settings)
+        self._grade_unsubmitted = grade_unsubmitted
+        self._finalizer = weakref.finalize(self, self._client.close)
+        self.tool_calls: list[ToolCallRecord] = []
+        """Every tool call of the current episode, in order (read by the trainer for hint sites)."""
+        self._done = False
+        self._reward: float | None = None
+
+    def reset(self, **row: Any) -> str:
+        """Start an episode on the row's `task_id` (or a `seed`-picked task); returns the task prompt."""
+        info = self._client.reset(row.get("task_id"), seed=row.get("seed"))
+        self.tool_calls = []
+        self._done = False
+        self._reward = None
+        return info.prompt
+
+    def get_reward(self) -> float:
+        """The service's grade of the episode; an unsubmitted episode is graded now (or scores 0)."""
+        if not self._done and self._grade_unsubmitted:
+            # Not recorded in `tool_calls`: the policy did not make this call.
+            result = self._client.step("submit", {})
+            self._done, self._reward = result.done, result.reward
+        return float(self._reward or 0.0)
+
+    def _call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+        if self._done:
+            self.tool_calls.append(ToolCallRecord(tool_name, None, None))
+            return EPISODE_OVER
+        result = self._client.step(tool_name, arguments)
+        self.tool_calls.append(ToolCallRecord(tool_name, result.observation.error_kind, result.observation.hint))
+        if result.done:
+            self._done, self._reward = True, result.reward
+        return result.observation.output
+
+    def _close(self) -> None:
+        """End the session now (it also ends when the environment is garbage-collected)."""
+        self._finalizer()
+
+
+def _python_type(schema: dict[str, Any]) -> Any:
+    """The type hint `get_json_schema` turns back into (nearly) this JSON schema."""
+    if "enum" in schema:
+        return Literal[tuple(schema["enum"])]
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options is None and isinstance(schema.get("type"), list):
+        options = [{"type": t} for t in schema["type"]]
+    if options is not None:
+        hints = [_python_type(option) for option in options if option.get("type") != "null"]
+        nullable = len(hints) < len(options)
+        hint = functools.reduce(lambda a, b: a | b, hints) if hints else str
+        return hint | None if nullable else hint
+    if schema.get("type") == "array" and "items" in schema:
+        return list[_python_type(schema["items"])]
+    return _JSON_TYPES.get(schema.get("type", "string"), str)
+
+
+def _docstring(description: str, properties: dict[str, Any]) -> str:
+    lines = [description.strip() or "Call the tool.", "", "Args:"]
+    for name, schema in properties.items():
+        text = " ".join(str(schema.get("description") or name).split())
+        lines.append(f"    {name}: {text}")
+    return "\n".join(lines) if properties else lines[0]
+
+
+def _tool_method(function: dict[str, Any]) -> Callable[..., str]:
+    name = function["name"]
+    parameters = function.get("parameters") or {}
+    properties: dict[str, Any] = parameters.get("properties", {})
+    required = set(parameters.get("required", []))
+
+    # Arguments are forwarded as given: the service validates them and answers a wrong one with a
+    # typed `type_error` and a hint, which is exactly the feedback SDPO learns from.
+    def call_tool(self: CodingEnvironment, **arguments: Any) -> str:
+        return self._call(name, arguments)
+
+    ordered = sorted(properties, key=lambda p: p not in required)  # required first, as Python demands
+    signature = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    for param in ordered:
+        annotations[param] = _python_type(properties[param])
+        default = inspect.Parameter.empty if param in required else None
+        signature.append(inspect.Parameter(param, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotations[param]))
+    annotations["return"] = str
+    call_tool.__name__ = call_tool.__qualname__ = name
+    call_tool.__doc__ = _docstring(function.get("description", ""), {p: properties[p] for p in ordered})
+    call_tool.__signature__ = inspect.Signature(signature, return_annotation=str)  # type: ignore[attr-defined]
+    call_tool.__annotations__ = annotations
+    return call_tool
+
+
+def environment_class(tools: list[dict[str, Any]]) -> type[CodingEnvironment]:
+    """A `CodingEnvironment` subclass with one method per tool (OpenAI function schemas)."""
+    methods = {}
+    for tool in tools:
+        function = tool.get("function", tool)
+        name = function["name"]
+        if name in _RESERVED or name.startswith("_") or not name.isidentifier():
+            raise ValueError(f"the service offers a tool named {name!r}, which cannot be an environment method")
+        methods[name] = _tool_method(function)
+    return type("CodingEnvironment", (CodingEnvironment,), {**methods, "__doc__": CodingEnvironment.__doc__})
+
+
+def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = True) -> Callable[[], CodingEnvironment]:
+    """Reads the service's tools once and returns the factory TRL calls per rollout slot."""
+    with CodingEnvClient(settings) as client:
+        tools = client.list_tools()
+    return functools.partial(environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted)

@@ -1,0 +1,145 @@
+"""Loss functions of the SDPO and DPO channels: pure functions on tensors, no model, no trainer.
+
+`generalized_jsd` follows the GKD paper's definition (Agarwal et al., 2024), P = teacher, Q = student:
+
+    JSD_beta(P, Q) = beta * KL(P || M) + (1 - beta) * KL(Q || M),   M = beta * P + (1 - beta) * Q
+
+It tends to zero at both ends, so the ends are defined by their limits divided by beta and 1 - beta
+respectively: beta = 0 is the forward KL(P || Q) (mode-covering), beta = 1 the reverse KL(Q || P)
+(mode-seeking), beta = 0.5 the symmetric Jensen-Shannon divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+Reduction = Literal["none", "sum", "mean"]
+
+
+def _top_k_with_tail(
+    student_logps: torch.Tensor, teacher_logps: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both distributions restricted to the teacher's top-k tokens plus one bucket for the rest.
+
+    The bucket keeps each restricted distribution normalised, so the divergence still sees how much
+    mass the student puts outside the teacher's support instead of renormalising it away.
+    """
+    index = teacher_logps.topk(top_k, dim=-1).indices
+    heads = [logps.gather(-1, index) for logps in (student_logps, teacher_logps)]
+    restricted = []
+    for head in heads:
+        head_mass = head.logsumexp(dim=-1, keepdim=True).clamp(max=0.0)
+        # log(1 - exp(x)) = log(-expm1(x)), accurate when the head holds almost all the mass
+        tail = torch.log((-torch.expm1(head_mass)).clamp(min=torch.finfo(head.dtype).tiny))
+        restricted.append(torch.cat([head, tail], dim=-1))
+    return restricted[0], restricted[1]
+
+
+def _reduce(values: torch.Tensor, mask: torch.Tensor | None, reduction: Reduction) -> torch.Tensor:
+    if mask is not None:
+        values = values * mask.to(values.dtype)
+    if reduction == "none":
+        return values
+    if reduction == "sum":
+        return values.sum()
+    count = mask.sum() if mask is not None else torch.tensor(values.numel(), device=values.device)
+    return values.sum() / count.clamp(min=1)
+
+
+def generalized_jsd(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    *,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    mask: torch.Tensor | None = None,
+    reduction: Reduction = "mean",
+) -> torch.Tensor:
+    """Generalized Jensen-Shannon divergence between teacher and student, per token.
+
+    Args:
+        student_logits: `(..., vocab)` logits of the student; gradients flow through them.
+        teacher_logits: `(..., vocab)` logits of the teacher, same shape; treated as given.
+        beta: 0 = forward KL(teacher || student), 1 = reverse KL(student || teacher), between = JSD.
+        temperature: Both logits are divided by it before the softmax.
+        top_k: Restrict both distributions to the teacher's top-k tokens plus a tail bucket.
+        mask: `(...)` 0/1 or bool; positions with 0 contribute nothing (and are not counted by "mean").
+        reduction: "none" (per token, masked to 0), "sum", or "mean" over unmasked positions.
+
+    Returns:
+        The divergence, reduced as asked.
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {beta}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    student_logps = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    teacher_logps = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    if top_k is not None and top_k < student_logps.size(-1):
+        student_logps, teacher_logps = _top_k_with_tail(student_logps, teacher_logps, top_k)
+
+    def kl(p_logps: torch.Tensor, q_logps: torch.Tensor) -> torch.Tensor:
+        return F.kl_div(q_logps, p_logps, reduction="none", log_target=True).sum(-1)
+
+    if beta == 0.0:
+        divergence = kl(teacher_logps, student_logps)
+    elif beta == 1.0:
+        divergence = kl(student_logps, teacher_logps)
+    else:
+        mixture_logps = torch.logsumexp(
+            torch.stack([teacher_logps + math.log(beta), student_logps + math.log(1.0 - beta)]), dim=0
+        )
+        divergence = beta * kl(teacher_logps, mixture_logps) + (1.0 - beta) * kl(student_logps, mixture_logps)
+    return _reduce(divergence, mask, reduction)
+
+
+class DPOOutput(NamedTuple):
+    """Per-pair DPO loss and the implicit rewards it was computed from."""
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    """beta * (log pi(chosen) - log ref(chosen)), detached."""
+    rejected_rewards: torch.Tensor
+    """beta * (log pi(rejected) - log ref(rejected)), detached."""
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid",
+) -> DPOOutput:
+    """DPO on summed sequence log-probs, one value per pair.
+
+    Args:
+        policy_chosen_logps: `(pairs,)` log pi(chosen | context) under the trained policy.
+        policy_rejected_logps: `(pairs,)` log pi(rejected | context) under the trained policy.
+        reference_chosen_logps: `(pairs,)` the same under the frozen reference.
+        reference_rejected_logps: `(pairs,)` the same under the frozen reference.
+        beta: Inverse temperature of the implicit reward (sigmoid) or regulariser strength (IPO).
+        loss_type: "sigmoid" = -log sigmoid(beta * h) (Rafailov et al., 2023);
+            "ipo" = (h - 1 / (2 * beta))^2 (Azar et al., 2023); h = the difference of log-ratios.
+
+    Returns:
+        Losses and implicit rewards per pair.
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    chosen_logratios = policy_chosen_logps - reference_chosen_logps
+    rejected_logratios = policy_rejected_logps - reference_rejected_logps
+    margin = chosen_logratios - rejected_logratios
+    if loss_type == "sigmoid":
+        losses = -F.logsigmoid(beta * margin)
+    elif loss_type == "ipo":
+        losses = (margin - 1.0 / (2.0 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected 'sigmoid' or 'ipo'")
+    return DPOOutput(losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach())

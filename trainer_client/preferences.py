@@ -1,0 +1,155 @@
+"""The DPO channel's data: preference pairs, tokenized once, served as cycling mini-batches.
+
+A pair becomes two sequences sharing a context: `context + chosen` and `context + rejected`,
+rendered by the policy's chat template. Only the assistant message's tokens are scored. The
+reference model's log-probs of both are computed once (`reference_logps`) and kept with the pairs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer_client.records import PreferencePair
+
+
+def load_preference_pairs(path: str | Path) -> list[PreferencePair]:
+    """Read a pairs JSONL file (one `PreferencePair` per line; blank lines skipped)."""
+    pairs = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                pairs.append(PreferencePair.model_validate_json(line))
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: not a PreferencePair: {error}") from error
+    if not pairs:
+        raise ValueError(f"{path}: no preference pairs")
+    return pairs
+
+
+def _with_parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI messages carry tool-call arguments as JSON strings; chat templates expect objects."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    parsed = []
+    for call in calls:
+        function = dict(call.get("function", call))
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                pass  # keep the raw text: the template renders it as the model wrote it
+        parsed.append({"type": "function", "function": function})
+    return {**message, "tool_calls": parsed}
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """One pair as token ids; chosen and rejected are the assistant message, end-of-turn token included."""
+
+    context_ids: tuple[int, ...]
+    chosen_ids: tuple[int, ...]
+    rejected_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """Right-padded sequences and which of their tokens are scored."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    scored_mask: torch.Tensor
+    """1 on the assistant-message tokens whose log-prob counts."""
+
+
+class PreferenceBatches:
+    """Tokenized pairs with their cached reference log-probs, served in shuffled mini-batches."""
+
+    def __init__(
+        self,
+        pairs: Sequence[PreferencePair],
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        max_length: int,
+        chat_template: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not pairs:
+            raise ValueError("the DPO channel needs at least one preference pair")
+        self._tokenizer = tokenizer
+        self._chat_template = chat_template
+        self._max_length = max_length
+        self.batch_size = min(batch_size, len(pairs))
+        self.pairs = [self._tokenize(pair) for pair in pairs]
+        self.reference_logps: torch.Tensor | None = None
+        """`(pairs, 2)` reference log-probs of (chosen, rejected), set once by the trainer."""
+        self._generator = torch.Generator().manual_seed(seed)
+        self._order: Iterator[int] = iter(())
+
+    def _render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> list[int]:
+        return list(
+            self._tokenizer.apply_chat_template(
+                [_with_parsed_arguments(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                return_dict=False,
+                chat_template=self._chat_template,
+            )
+        )
+
+    def _assistant_ids(self, messages: list[dict[str, Any]], context: list[int], action: dict[str, Any]) -> list[int]:
+        full = self._render([*messages, {**action, "role": "assistant"}], add_generation_prompt=False)
+        if full[: len(context)] != context:
+            raise ValueError("the chat template does not render the context as a prefix of context + action")
+        action_ids = full[len(context) :]
+        eos = self._tokenizer.eos_token_id
+        if eos in action_ids:  # drop what the template writes after the end-of-turn token (a newline)
+            action_ids = action_ids[: len(action_ids) - action_ids[::-1].index(eos)]
+        return action_ids
+
+    def _tokenize(self, pair: PreferencePair) -> TokenizedPair:
+        context = self._render(pair.messages, add_generation_prompt=True)
+        chosen = self._assistant_ids(pair.messages, context, pair.chosen)
+        rejected = self._assistant_ids(pair.messages, context, pair.rejected)
+        # Keep the end of the context (the most recent turns) when a sequence is too long.
+        budget = self._max_length - max(len(chosen), len(rejected))
+        if budget < 1:
+            raise ValueError(f"pair {pair.state_id}: the action alone exceeds dpo_max_length={self._max_length}")
+        return TokenizedPair(tuple(context[-budget:]), tuple(chosen), tuple(rejected))
+
+    def next_indices(self) -> list[int]:
+        """The next mini-batch of pair indices; reshuffles after each pass."""
+        indices = []
+        while len(indices) < self.batch_size:
+            try:
+                indices.append(next(self._order))
+            except StopIteration:
+                self._order = iter(torch.randperm(len(self.pairs), generator=self._generator).tolist())
+        return indices
+
+    def collate(self, indices: Sequence[int], pad_token_id: int) -> SequenceBatch:
+        """Chosen sequences of `indices` first, then their rejected ones."""
+        sequences = []
+        for side in ("chosen_ids", "rejected_ids"):
+            for index in indices:
+                pair = self.pairs[index]
+                sequences.append((pair.context_ids, getattr(pair, side)))
+        length = max(len(context) + len(action) for context, action in sequences)
+        input_ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        scored_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, (context, action) in enumerate(sequences):
+            total = len(context) + len(action)
+            input_ids[row, :total] = torch.tensor([*context, *action])
+            attention_mask[row, :total] = 1
+            scored_mask[row, len(context) : total] = 1
+        return SequenceBatch(input_ids, attention_mask, scored_mask)

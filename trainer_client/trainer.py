@@ -1,0 +1,331 @@
+"""`ComposerTrainer`: TRL's GRPO plus two loss channels.
+
+    loss = grpo + sdpo_weight * sdpo + dpo_weight * dpo
+
+- GRPO is TRL's own loss, untouched: with both weights 0 no extra code runs.
+- SDPO (self-distillation at hint sites): for an assistant turn whose tool call failed with a hint,
+  the teacher (the policy without gradient, reading the hint just before the turn) is distilled into
+  the student (the policy on the original context) with a generalized JSD over that turn's tokens.
+  The student's hidden states come from GRPO's own forward pass (a hook on the backbone); the
+  vocabulary projection runs only at hint-site positions, for student and teacher alike.
+- DPO (trace replay): mini-batches of preference pairs, reference log-probs computed once at start.
+
+Pinned to TRL 1.16.0: `_generate`, `_generate_and_score_completions` and `_compute_loss` are private.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad
+
+from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence
+from trainer_client.losses import dpo_loss, generalized_jsd
+from trainer_client.preferences import PreferenceBatches, SequenceBatch, load_preference_pairs
+from trainer_client.records import PreferencePair
+
+TeacherKind = Literal["live", "ema", "base"]
+
+
+@dataclass
+class ComposerConfig(GRPOConfig):
+    """GRPOConfig plus the SDPO and DPO channels. (`beta` stays TRL's KL coefficient.)"""
+
+    sdpo_weight: float = field(default=0.0, metadata={"help": "alpha: weight of the SDPO loss; 0 disables it."})
+    jsd_beta: float = field(
+        default=0.5, metadata={"help": "Generalized JSD interpolation: 0 forward KL, 1 reverse KL, between JSD."}
+    )
+    jsd_temperature: float = field(default=1.0, metadata={"help": "Temperature of both distributions in the JSD."})
+    jsd_top_k: int | None = field(
+        default=None, metadata={"help": "Restrict the JSD to the teacher's top-k tokens plus a tail bucket."}
+    )
+    sdpo_teacher: str = field(
+        default="live",
+        metadata={"help": "Teacher weights: 'live' (the policy now), 'ema' (an EMA copy), 'base' (PEFT adapter off)."},
+    )
+    teacher_ema_decay: float = field(default=0.99, metadata={"help": "EMA decay per optimizer step ('ema' teacher)."})
+    hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
+    dpo_weight: float = field(default=0.0, metadata={"help": "beta: weight of the DPO loss; 0 disables it."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "DPO inverse temperature (IPO: regulariser strength)."})
+    dpo_loss_type: str = field(default="sigmoid", metadata={"help": "'sigmoid' (DPO) or 'ipo'."})
+    dpo_pairs_path: str | None = field(default=None, metadata={"help": "Preference pairs JSONL (PreferencePair)."})
+    dpo_batch_size: int = field(default=2, metadata={"help": "Pairs per DPO mini-batch (one per micro-step)."})
+    dpo_max_length: int = field(default=1024, metadata={"help": "Longest pair sequence; contexts are cut on the left."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sdpo_teacher not in ("live", "ema", "base"):
+            raise ValueError(f"sdpo_teacher must be 'live', 'ema' or 'base', got {self.sdpo_teacher!r}")
+        if self.dpo_loss_type not in ("sigmoid", "ipo"):
+            raise ValueError(f"dpo_loss_type must be 'sigmoid' or 'ipo', got {self.dpo_loss_type!r}")
+        if min(self.sdpo_weight, self.dpo_weight) < 0:
+            raise ValueError("sdpo_weight and dpo_weight must be >= 0")
+
+
+class _BackboneOutput:
+    """Captures the backbone's last hidden state during one forward pass (with its autograd graph)."""
+
+    def __init__(self, backbone: torch.nn.Module) -> None:
+        self._backbone = backbone
+        self.hidden_states: torch.Tensor | None = None
+
+    def __enter__(self) -> _BackboneOutput:
+        def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            if self.hidden_states is not None:
+                raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
+            self.hidden_states = output.last_hidden_state
+
+        self._handle = self._backbone.register_forward_hook(keep)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+
+class _EmaTeacherUpdate(TrainerCallback):
+    """Moves the EMA teacher towards the policy after every optimizer step."""
+
+    def __init__(self, trainer: ComposerTrainer) -> None:
+        self._trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._trainer._update_ema_teacher()
+
+
+class ComposerTrainer(GRPOTrainer):
+    """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
+
+    def __init__(
+        self, *args: Any, preference_pairs: Sequence[PreferencePair] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        config: ComposerConfig = self.args
+        if not isinstance(config, ComposerConfig):
+            raise TypeError("ComposerTrainer needs a ComposerConfig as `args`")
+        self._hint_template = HintTemplate(self._tokenizer, chat_template=self.chat_template, role=config.hint_role)
+        self._rollout_messages: list[list[dict[str, Any]]] = []
+        self._ema_teacher: torch.nn.Module | None = None
+        if config.sdpo_weight > 0 and config.sdpo_teacher == "ema":
+            self._ema_teacher = copy.deepcopy(self._causal_lm(self.model)).eval().requires_grad_(False)
+            self.add_callback(_EmaTeacherUpdate(self))
+        if config.sdpo_weight > 0 and config.sdpo_teacher == "base" and not is_peft_model(self.model):
+            raise ValueError("sdpo_teacher='base' needs a PEFT model (the base is the model with its adapter off)")
+        self._preferences: PreferenceBatches | None = None
+        if config.dpo_weight > 0:
+            if preference_pairs is None:
+                if config.dpo_pairs_path is None:
+                    raise ValueError("dpo_weight > 0 needs preference pairs (dpo_pairs_path or preference_pairs)")
+                preference_pairs = load_preference_pairs(config.dpo_pairs_path)
+            self._preferences = PreferenceBatches(
+                preference_pairs,
+                self._tokenizer,
+                batch_size=config.dpo_batch_size,
+                max_length=config.dpo_max_length,
+                chat_template=self.chat_template,
+                seed=config.seed,
+            )
+            self._preferences.reference_logps = self._reference_logps(self._preferences)
+
+    # ----------------------------------------------------------------- model parts
+
+    def _causal_lm(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The transformers causal LM inside whatever wraps it (accelerate, PEFT)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        return unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+
+    def _hidden_states(self, causal_lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        with self.accelerator.autocast():
+            return causal_lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]
+
+    @contextlib.contextmanager
+    def _teacher(self) -> Iterator[torch.nn.Module]:
+        """The teacher's causal LM, run without gradient."""
+        kind = self.args.sdpo_teacher
+        if kind == "ema":
+            assert self._ema_teacher is not None
+            yield self._ema_teacher
+            return
+        causal_lm = self._causal_lm(self.model)
+        adapter_off = self.accelerator.unwrap_model(self.model).disable_adapter() if kind == "base" else None
+        with (
+            adapter_off or contextlib.nullcontext(),
+            disable_gradient_checkpointing(causal_lm, self.args.gradient_checkpointing_kwargs),
+        ):
+            yield causal_lm
+
+    @torch.no_grad()
+    def _update_ema_teacher(self) -> None:
+        decay = self.args.teacher_ema_decay
+        policy = dict(self._causal_lm(self.model).named_parameters())
+        for name, teacher_param in self._ema_teacher.named_parameters():
+            teacher_param.lerp_(policy[name].detach().to(teacher_param.dtype), 1.0 - decay)
+
+    # ----------------------------------------------------------------- rollouts
+
+    def _generate(self, prompts: list):
+        result = super()._generate(prompts)
+        self._rollout_messages = result[3]  # the parsed completion messages, needed to map calls to turns
+        return result
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.args.sdpo_weight <= 0 or not self.environments:
+            return output
+        model_token_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        hint_sites, records = [], []
+        for index, environment in enumerate(self.environments):
+            calls = list(getattr(environment, "tool_calls", ()))
+            records.extend(calls)
+            tool_names = {tool.__name__ for tool in self._env_tools[self._batch_environments[index]]}
+            hint_sites.append(
+                locate_hint_sites(
+                    calls,
+                    self._rollout_messages[index],
+                    tool_names,
+                    model_token_mask[index].tolist(),
+                    self._hint_template,
+                )
+            )
+        output["hint_sites"] = hint_sites
+        output["hint_tokens"] = self._global_count(sum(s.end - s.start for ss in hint_sites for s in ss))
+        self._log_rollout_errors(records, hint_sites)
+        return output
+
+    def _global_count(self, local: int) -> torch.Tensor:
+        return self.accelerator.gather(torch.tensor(local, device=self.accelerator.device)).sum()
+
+    def _log_rollout_errors(self, records: Sequence[Any], hint_sites: Sequence[Sequence[HintSite]]) -> None:
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["sdpo/hint_sites"].append(float(sum(len(sites) for sites in hint_sites)))
+        metrics["env/tool_calls"].append(float(len(records)))
+        kinds = Counter(r.error_kind.value for r in records if r.error_kind is not None)
+        for kind, count in kinds.items():
+            metrics[f"env/error_rate/{kind}"].append(count / len(records))
+
+    # ----------------------------------------------------------------- loss
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        mode = "train" if self.model.training else "eval"
+        sites = inputs.get("hint_sites")
+        if self.args.sdpo_weight > 0 and sites and any(sites):
+            with _BackboneOutput(self._causal_lm(model).base_model) as captured:
+                loss = super()._compute_loss(model, inputs)
+            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states)
+            loss = loss + self.args.sdpo_weight * sdpo
+        else:
+            loss = super()._compute_loss(model, inputs)
+            if self.args.sdpo_weight > 0:
+                self._metrics[mode]["sdpo/loss"].append(0.0)
+        if self.args.dpo_weight > 0:
+            loss = loss + self.args.dpo_weight * self._dpo_loss(model)
+        return loss
+
+    def _accumulation_share(self) -> float:
+        """Each micro-step's share of an optimizer step, as TRL's GRPO loss scales itself."""
+        return float(self.current_gradient_accumulation_steps) if self.model.training else 1.0
+
+    def _sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor) -> torch.Tensor:
+        """Generalized JSD summed over this micro-batch's hint-site tokens, normalised over the generation batch."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids = inputs["completion_ids"]
+        prompt_length = prompt_ids.size(1)
+        rows, positions, teacher_inputs, turn_lengths = [], [], [], []
+        for row, sites in enumerate(inputs["hint_sites"]):
+            if not sites:
+                continue
+            prompt = prompt_ids[row][prompt_mask[row].bool()].tolist()
+            completion = completion_ids[row].tolist()
+            for site in sites:
+                # the hidden state at t predicts token t + 1
+                span = range(prompt_length + site.start - 1, prompt_length + site.end - 1)
+                rows.extend([row] * len(span))
+                positions.extend(span)
+                teacher_inputs.append(teacher_sequence(prompt, completion, site, self._hint_template.header_ids))
+                turn_lengths.append(site.end - site.start)
+        causal_lm = self._causal_lm(model)
+        lm_head = causal_lm.get_output_embeddings()
+        device = hidden_states.device
+        student_logits = lm_head(hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)])
+        teacher_logits = self._teacher_logits(teacher_inputs, turn_lengths)
+        jsd = generalized_jsd(
+            student_logits,
+            teacher_logits,
+            beta=self.args.jsd_beta,
+            temperature=self.args.jsd_temperature,
+            top_k=self.args.jsd_top_k,
+            reduction="sum",
+        )
+        # Normalise like TRL's token-level losses: over all hint-site tokens of the generation batch,
+        # so that the micro-steps of one optimizer step add up to a token mean.
+        normalizer = inputs["hint_tokens"].clamp(min=1) / self.accelerator.num_processes
+        if self.model.training:
+            normalizer = normalizer * self._accumulation_share() / self.args.steps_per_generation
+        loss = jsd / normalizer
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["sdpo/loss"].append(loss.item())
+        self._metrics[mode]["sdpo/jsd"].append(jsd.item() / len(positions))
+        self._metrics[mode]["sdpo/hint_tokens"].append(float(len(positions)))
+        return loss
+
+    @torch.no_grad()
+    def _teacher_logits(self, sequences: list[list[int]], turn_lengths: list[int]) -> torch.Tensor:
+        """Teacher logits at the positions predicting each sequence's last `turn_length` tokens."""
+        device = self.accelerator.device
+        input_ids = pad([torch.tensor(s) for s in sequences], padding_value=self._tokenizer.pad_token_id, padding_side="left")
+        attention_mask = pad([torch.ones(len(s), dtype=torch.long) for s in sequences], padding_value=0, padding_side="left")
+        width = input_ids.size(1)
+        rows = [row for row, n in enumerate(turn_lengths) for _ in range(n)]
+        positions = [p for n in turn_lengths for p in range(width - n - 1, width - 1)]
+        with self._teacher() as teacher:
+            hidden = self._hidden_states(teacher, input_ids.to(device), attention_mask.to(device))
+            gathered = hidden[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
+            return teacher.get_output_embeddings()(gathered)
+
+    def _sequence_logps(self, causal_lm: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
+        """Summed log-probs of each sequence's scored tokens; the vocabulary is projected only there."""
+        device = self.accelerator.device
+        input_ids, scored = batch.input_ids.to(device), batch.scored_mask.to(device)
+        hidden = self._hidden_states(causal_lm, input_ids, batch.attention_mask.to(device))
+        rows, targets = scored[:, 1:].nonzero(as_tuple=True)  # position t predicts token t + 1
+        logits = causal_lm.get_output_embeddings()(hidden[rows, targets])
+        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[rows, targets + 1, None]).squeeze(-1)
+        return torch.zeros(input_ids.size(0), device=device).index_add(0, rows, token_logps)
+
+    @torch.no_grad()
+    def _reference_logps(self, preferences: PreferenceBatches) -> torch.Tensor:
+        """(chosen, rejected) log-probs of every pair under the model as it is before training."""
+        causal_lm = self._causal_lm(self.model)
+        adapter_off = self.accelerator.unwrap_model(self.model).disable_adapter() if is_peft_model(self.model) else None
+        chunks = []
+        with adapter_off or contextlib.nullcontext(), disable_gradient_checkpointing(causal_lm, None):
+            for start in range(0, len(preferences.pairs), preferences.batch_size):
+                indices = list(range(start, min(start + preferences.batch_size, len(preferences.pairs))))
+                logps = self._sequence_logps(causal_lm, preferences.collate(indices, self._tokenizer.pad_token_id))
+                chunks.append(logps.view(2, -1).T.cpu())
+        return torch.cat(chunks)
+
+    def _dpo_loss(self, model: torch.nn.Module) -> torch.Tensor:
+        preferences = self._preferences
+        indices = preferences.next_indices()
+        batch = preferences.collate(indices, self._tokenizer.pad_token_id)
+        policy = self._sequence_logps(self._causal_lm(model), batch).view(2, -1)
+        reference = preferences.reference_logps[indices].to(policy.device)
+        out = dpo_loss(
+            policy[0], policy[1], reference[:, 0], reference[:, 1], beta=self.args.dpo_beta, loss_type=self.args.dpo_loss_type
+        )
+        mode = "train" if self.model.training else "eval"
+        loss = out.losses.mean()
+        self._metrics[mode]["dpo/loss"].append(loss.item())
+        self._metrics[mode]["dpo/accuracy"].append((out.chosen_rewards > out.rejected_rewards).float().mean().item())
+        self._metrics[mode]["dpo/margin"].append((out.chosen_rewards - out.rejected_rewards).mean().item())
+        return loss / self._accumulation_share()
