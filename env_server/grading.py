@@ -97,7 +97,7 @@ class TaskSetupError(RuntimeError):
     """A task's `setup_command` failed: the task, not the agent, is broken."""
 
 
-def _tar(files: Mapping[str, str | bytes]) -> bytes:
+def tar_files(files: Mapping[str, str | bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path, content in files.items():
@@ -122,7 +122,7 @@ def prepare_workspace(sandbox: Sandbox, task: TaskSpec) -> None:
     """Write the task's files and visible tests, then run its setup command. Nothing hidden."""
     files = {**task.files, **task.visible_tests}
     if files:
-        sandbox.put_archive(_tar(files), ".")
+        sandbox.put_archive(tar_files(files), ".")
     if task.setup_command:
         result = sandbox.exec(task.setup_command, timeout_s=task.limits.grade_timeout_s)
         if result.exit_code != 0:
@@ -216,7 +216,7 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     same command that runs pytest, so no file the agent wrote can stand in for it.
     Returns (passed ids, not-passed ids, output tail).
     """
-    grader.put_archive(_tar(submission.files), ".")
+    grader.put_archive(tar_files(submission.files), ".")
     report_dir = f"/tmp/grade-{uuid.uuid4().hex}"
     targets = " ".join(shlex.quote(_relative(path)) for path in task.hidden_tests)
     command = (
@@ -254,10 +254,12 @@ def grade(
     flags = sorted(set(monitor_flags) | set(tamper_flags(submission, task)))
     with (fresh_sandbox or _same_kind_as(sandbox))() as grader:
         passed, failed, output = run_hidden_tests(grader, task, submission)
-    # A test the task says must run but that never reported (deselected, crashed collection)
-    # counts as failed.
-    expected = set(task.metadata.get("graded_test_ids", ()))
-    failed += sorted(expected - set(passed) - set(failed))
+    # A task may name the tests that count (feature deletion: those its deletion broke). Each
+    # must pass; one that never reported (deselected, crashed collection) counts as failed.
+    graded = task.metadata.get("graded_test_ids")
+    if graded:
+        passed = [test for test in passed if test in set(graded)]
+        failed = sorted(set(graded) - set(passed))
     total = len(passed) + len(failed)
     reward = max(0.0, _reward(len(passed), total, task) - config.monitor_penalty * len(flags))
     return GradeResult(

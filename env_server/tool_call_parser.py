@@ -15,6 +15,7 @@ at the parameter-name boundaries instead.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ _TOOL_CALL = re.compile(r"<tool_call>")
 _TOOL_CALL_END = re.compile(r"</tool_call>|<tool_call>")
 _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*\n")
 _FENCE_END = re.compile(r"\n?```")
+_LENIENT_JSON = json.JSONDecoder(strict=False)
 _NAME_KEYS = ("name", "tool_name", "tool", "function")
 _ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "params")
 _ENVELOPE_KEYS = {"type", "id", "call_id", *_NAME_KEYS, *_ARGUMENT_KEYS}
@@ -98,31 +100,77 @@ def _strip_one_newline(value: str) -> str:
 
 
 def _json_call(raw: str, params: Mapping[str, Sequence[str]]) -> ParsedCall | None:
-    obj = _load(raw)
+    obj, exact = _load(raw)
     call = _normalize(obj, params)
     if call is None:
         return None
     expected = params.get(call.name)
-    if expected is not None and not set(call.arguments) <= set(expected):
-        return _cut_by_parameter_names(raw, call.name, expected) or call
+    if expected is not None and (not exact or not set(call.arguments) <= set(expected)):
+        # json-repair guessed (typically around unescaped quotes in code): slicing the raw text
+        # at the parameter names is exact whenever it finds every argument the guess found.
+        cut = _cut_by_parameter_names(raw, call.name, expected)
+        if cut is not None and set(cut.arguments) >= set(call.arguments) & set(expected):
+            return cut
     return call
 
 
 def load_json_object(raw: str) -> dict[str, Any] | None:
     """Parse (repairing if needed) text that should hold one JSON object; None if it does not."""
-    obj = _load(raw)
+    obj, _ = _load(raw)
     return obj if isinstance(obj, dict) else None
 
 
-def _load(raw: str) -> Any:
+def _load(raw: str) -> tuple[Any, bool]:
+    """The value in `raw` and whether it was read exactly.
+
+    Lossless readings first; json-repair last, because it guesses, and strips trailing
+    whitespace off strings it repairs (a file's final newline, an indented `old_str`).
+    """
     raw = raw.strip()
+    for text in (raw, _drop_commas_and_close(raw)):
+        try:
+            # strict=False: raw newlines/tabs inside strings; raw_decode: prose after the value.
+            return _LENIENT_JSON.raw_decode(text)[0], True
+        except ValueError:
+            pass
     try:
-        return json.loads(raw)
-    except ValueError:
+        return ast.literal_eval(raw), True  # Python-style dicts: single quotes, None, True
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         pass
     repaired = json_repair.loads(raw)
     # json-repair answers '' (or a bare string) for text it cannot read as JSON.
-    return repaired if isinstance(repaired, (dict, list)) else None
+    return (repaired if isinstance(repaired, (dict, list)) else None), False
+
+
+def _drop_commas_and_close(raw: str) -> str:
+    """Remove trailing commas and append the closers a truncated text lacks, leaving strings untouched."""
+    out: list[str] = []
+    closers: list[str] = []
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            _drop_trailing_comma(out)
+            if closers:
+                closers.pop()
+        out.append(ch)
+    if in_string:
+        out.append('"')
+    _drop_trailing_comma(out)
+    return "".join(out) + "".join(reversed(closers))
+
+
+def _drop_trailing_comma(out: list[str]) -> None:
+    i = len(out) - 1
+    while i >= 0 and out[i].isspace():
+        i -= 1
+    if i >= 0 and out[i] == ",":
+        del out[i]
 
 
 def _normalize(obj: Any, params: Mapping[str, Sequence[str]]) -> ParsedCall | None:
@@ -145,7 +193,7 @@ def _normalize(obj: Any, params: Mapping[str, Sequence[str]]) -> ParsedCall | No
     if arguments is None:
         arguments = {k: v for k, v in obj.items() if k not in _ENVELOPE_KEYS}
     if isinstance(arguments, str):
-        arguments = _load(arguments) if arguments.strip() else {}
+        arguments = _load(arguments)[0] if arguments.strip() else {}
     if isinstance(arguments, dict) and set(arguments) == {"arguments"} and isinstance(arguments["arguments"], dict):
         arguments = arguments["arguments"]
     if not isinstance(arguments, dict):
@@ -170,14 +218,16 @@ def _cut_by_parameter_names(raw: str, name: str, expected: Sequence[str]) -> Par
 
 
 def _decode_value(value: str) -> Any:
-    if value[:1] in "\"'":
-        quote = value[0]
-        body = value[1:-1] if len(value) > 1 and value.endswith(quote) else value[1:]
+    if value[:1] not in "\"'":
         try:
-            return json.loads('"' + body.replace("\n", "\\n").replace("\t", "\\t") + '"')
+            return json.loads(value)
         except ValueError:
-            return body.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+            return value
+    quote = value[0]
+    body = value[1:-1] if len(value) > 1 and value.endswith(quote) else value[1:]
+    if re.search(r'(?<!\\)"', body):
+        return body  # the writer did not escape its quotes, so it escaped nothing: take it verbatim
     try:
-        return json.loads(value)
+        return json.loads(f'"{body}"', strict=False)
     except ValueError:
-        return value
+        return body

@@ -7,6 +7,7 @@ Parameter descriptions live in `Annotated[..., Field(description=...)]`.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import shlex
 from dataclasses import dataclass, field
@@ -113,9 +114,18 @@ def _python_syntax_error(path: str, content: str) -> str | None:
     return None
 
 
+_FILE_ERRNO_KINDS = {
+    errno.ENOENT: ErrorKind.FILE_NOT_FOUND,
+    errno.ENOTDIR: ErrorKind.FILE_NOT_FOUND,
+    errno.EACCES: ErrorKind.PERMISSION_DENIED,
+    errno.EPERM: ErrorKind.PERMISSION_DENIED,
+    errno.EROFS: ErrorKind.PERMISSION_DENIED,
+}
+
+
 def _file_error(path: str, exc: OSError) -> ToolOutcome:
-    kinds = {FileNotFoundError: ErrorKind.FILE_NOT_FOUND, PermissionError: ErrorKind.PERMISSION_DENIED}
-    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=kinds.get(type(exc), ErrorKind.RUNTIME_ERROR))
+    kind = _FILE_ERRNO_KINDS.get(exc.errno, ErrorKind.RUNTIME_ERROR)
+    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=kind)
 
 
 def _written(path: str, content: str, verb: str) -> ToolOutcome:

@@ -9,6 +9,7 @@ waiting would not change either. Leaving the `with` block closes the session (an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any, Literal
@@ -171,6 +172,7 @@ class CodingEnvClient:
         self._http = httpx.Client(base_url=self.settings.base_url, headers=_headers(self.settings), timeout=self.settings.timeout_s)
         self._session_id: str | None = None
         self._ws: Any = None
+        self._ws_stack = contextlib.ExitStack()
 
     def __enter__(self) -> CodingEnvClient:
         return self
@@ -187,7 +189,9 @@ class CodingEnvClient:
         for attempt in range(self.settings.connect_attempts):
             try:
                 if self.settings.transport == "ws":
-                    self._ws = ws_connect(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
+                    self._ws = self._ws_stack.enter_context(
+                        ws_connect(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
+                    )
                 else:
                     self._session_id = _http_payload(self._http.post("/sessions"))["session_id"]
                 return
@@ -220,7 +224,7 @@ class CodingEnvClient:
         """End the session (frees its sandbox); safe to call twice."""
         try:
             if self._ws is not None:
-                self._ws.close()
+                self._ws_stack.close()
             elif self._session_id is not None:
                 self._http.delete(f"/sessions/{self._session_id}")
         except _CONNECT_ERRORS:
@@ -241,6 +245,7 @@ class AsyncCodingEnvClient:
         self._http = httpx.AsyncClient(base_url=self.settings.base_url, headers=_headers(self.settings), timeout=self.settings.timeout_s)
         self._session_id: str | None = None
         self._ws: Any = None
+        self._ws_stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> AsyncCodingEnvClient:
         return self
@@ -257,7 +262,9 @@ class AsyncCodingEnvClient:
         for attempt in range(self.settings.connect_attempts):
             try:
                 if self.settings.transport == "ws":
-                    self._ws = await ws_connect_async(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
+                    self._ws = await self._ws_stack.enter_async_context(
+                        ws_connect_async(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
+                    )
                 else:
                     self._session_id = _http_payload(await self._http.post("/sessions"))["session_id"]
                 return
@@ -290,7 +297,7 @@ class AsyncCodingEnvClient:
         """End the session (frees its sandbox); safe to call twice."""
         try:
             if self._ws is not None:
-                await self._ws.close()
+                await self._ws_stack.aclose()
             elif self._session_id is not None:
                 await self._http.delete(f"/sessions/{self._session_id}")
         except _CONNECT_ERRORS:

@@ -127,6 +127,12 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
         return None
     if _NEEDS_PRIVILEGE.search(json.dumps(spec) + record["description"]):
         return None
+    example = _script(evaluation.get("example"))
+    solve = f"HOME=\"$PWD\" bash -c {shlex.quote(example)}" if example else None
+    if solve and not spec["check_command"]:
+        solve += f" > {ANSWER_FILE}"
+    if spec["expected"] is not None:
+        solve = f"printf %s {shlex.quote(spec['expected'])} > {ANSWER_FILE}"
     answer_note = (
         "" if spec["check_command"] else
         f" When you know the answer, write it (and nothing else) to `{ANSWER_FILE}` in the workspace."
@@ -142,7 +148,7 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
         reward_mode="binary",
         limits=TaskLimits(max_steps=20),
         metadata={"source": "inspect-evals 0.26.0 agent_bench OS test (Apache-2.0)", "record_id": record["id"],
-                  "labels": record.get("labels", []), "reference": spec["reference"]},
+                  "labels": record.get("labels", []), "solution_command": solve},
     )
 
 

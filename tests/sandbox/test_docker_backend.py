@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker.errors
 import pytest
 
-from sandbox import SandboxSpec
 from sandbox.docker_backend import (
+    CREATED_AT_LABEL,
     OWNER_LABEL,
     SANDBOX_ID_LABEL,
     SERVICE_LABEL,
@@ -71,7 +73,7 @@ def test_close_removes_the_container() -> None:
     assert _gone(container_id)
 
 
-def test_a_killed_caller_leaves_no_container(tmp_path) -> None:
+def test_a_killed_caller_leaves_no_container() -> None:
     caller = textwrap.dedent(
         """
         import threading
@@ -85,7 +87,7 @@ def test_a_killed_caller_leaves_no_container(tmp_path) -> None:
         threading.Event().wait()
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=tmp_path.parent)
+    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     try:
         container_id = proc.stdout.readline().strip()
         assert container_id, "the caller did not start its sandbox"
@@ -95,21 +97,22 @@ def test_a_killed_caller_leaves_no_container(tmp_path) -> None:
     assert _gone(container_id)
 
 
-def test_reap_removes_containers_of_dead_owners_only() -> None:
-    live = DockerSandbox(SPEC)
-    orphan = DockerSandbox(SandboxSpec(**{**SPEC.model_dump(), "labels": {"test": "orphan"}}))
-    try:
-        # Make `orphan` look as if a process that no longer exists had started it.
-        api = default_client().api
-        dead_owner = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
-        api.commit  # noqa: B018 - labels are immutable, so recreate the orphan with a dead owner below
-    finally:
-        orphan.close()
-    del dead_owner
+def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: DockerSandbox) -> None:
+    api = default_client().api
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True).stdout.strip()
+    orphan = api.create_container(
+        SPEC.image,
+        command=["sleep", "1000"],
+        labels={SERVICE_LABEL: "sandbox", OWNER_LABEL: f"{socket.gethostname()}:{dead_pid}", CREATED_AT_LABEL: "0"},
+        host_config=api.create_host_config(network_mode="none", auto_remove=True),
+    )["Id"]
+    api.start(orphan)
     try:
         removed = reap_orphans()
-        assert live.container_id not in removed
-        assert live.is_alive()
+        assert orphan in removed and _gone(orphan)
+        assert docker_sandbox.container_id not in removed and docker_sandbox.is_alive()
     finally:
-        live.close()
-    assert OWNER_LABEL
+        try:
+            api.remove_container(orphan, force=True)
+        except docker.errors.NotFound:
+            pass

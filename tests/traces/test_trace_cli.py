@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import COST_PER_ANSWER, USD_PER_MTOK, bash, make_state
+from trace_builders import COST_PER_ANSWER, USD_PER_MTOK, bash, make_state
 from teacher_stub import StubOpenAI, Teacher, tool_answer
 
 from trainer_client.records import PreferencePair
@@ -101,3 +101,12 @@ def test_replay_cli_rejects_a_malformed_teachers_file(tmp_path: Path, capsys: py
                  "--out", str(tmp_path / "p.jsonl"), "--budget-usd", "1"])
     assert code == 2
     assert "invalid teachers file" in capsys.readouterr().err
+
+
+def test_trace_package_imports_no_training_stack() -> None:
+    probe = (
+        "import sys, trainer_client.traces.cli; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl', 'fastapi'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

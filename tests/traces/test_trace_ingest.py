@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from trace_builders import FIXTURES
+
 from trainer_client.records import TRACE_STATE_SCHEMA_VERSION, TraceState
 from trainer_client.traces.cli import main
 from trainer_client.traces.ingest import make_ingester
@@ -27,8 +29,8 @@ def calls(message: dict) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
 
 
-def test_claude_code_turns_merge_blocks_strip_thinking_and_skip_subagents(fixtures_dir: Path) -> None:
-    states, counts = ingest("claude_code", fixtures_dir / "claude_code")
+def test_claude_code_turns_merge_blocks_strip_thinking_and_skip_subagents() -> None:
+    states, counts = ingest("claude_code", FIXTURES / "claude_code")
 
     assert counts["files"] == 1  # the subagents/agent-*.jsonl file is not read
     assert counts["states"] == 3
@@ -88,8 +90,38 @@ def test_claude_code_history_follows_parent_chain_not_file_order(tmp_path: Path)
     assert "abandoned answer" not in json.dumps(states[1].messages)
 
 
-def test_openhands_one_state_per_llm_response(fixtures_dir: Path) -> None:
-    states, counts = ingest("openhands", fixtures_dir / "openhands")
+def test_claude_code_parallel_tool_calls_interleaved_with_results(tmp_path: Path) -> None:
+    """Blocks of one response written around the results of its earlier calls stay one turn."""
+    def record(kind: str, uuid: str, parent: str | None, block: dict, message_id: str = "") -> str:
+        message: dict = {"role": kind, "content": [block]}
+        if kind == "assistant":
+            message.update(id=message_id, model="claude-opus-4-1")
+        return json.dumps({"type": kind, "uuid": uuid, "parentUuid": parent, "sessionId": "p", "message": message})
+
+    def use(call_id: str, path: str) -> dict:
+        return {"type": "tool_use", "id": call_id, "name": "Read", "input": {"file_path": path}}
+
+    def result(call_id: str, text: str) -> dict:
+        return {"type": "tool_result", "tool_use_id": call_id, "content": text}
+
+    (tmp_path / "p.jsonl").write_text("\n".join([
+        json.dumps({"type": "user", "uuid": "u0", "parentUuid": None, "sessionId": "p",
+                    "message": {"role": "user", "content": "read both"}}),
+        record("assistant", "a1", "u0", use("t1", "a.py"), "mX"),
+        record("user", "r1", "a1", result("t1", "A")),
+        record("assistant", "a2", "r1", use("t2", "b.py"), "mX"),
+        record("user", "r2", "a2", result("t2", "B")),
+        record("assistant", "a3", "r2", {"type": "text", "text": "Both read."}, "mY"),
+    ]) + "\n")
+    states, _ = ingest("claude_code", tmp_path / "p.jsonl")
+    parallel, final = states
+    assert calls(parallel.student_action) == [("Read", {"file_path": "a.py"}), ("Read", {"file_path": "b.py"})]
+    assert roles(final) == ["system", "user", "assistant", "tool", "tool"]
+    assert [m.get("tool_call_id") for m in final.messages[3:]] == ["t1", "t2"]
+
+
+def test_openhands_one_state_per_llm_response() -> None:
+    states, counts = ingest("openhands", FIXTURES / "openhands")
 
     assert counts["files"] == 2
     assert counts["states"] == 5
@@ -121,8 +153,8 @@ def test_openhands_one_state_per_llm_response(fixtures_dir: Path) -> None:
     assert row_last.student_action["content"] == "The test fails because add subtracts."
 
 
-def test_swe_smith_three_styles_become_tool_calls(fixtures_dir: Path) -> None:
-    states, counts = ingest("swe_smith", fixtures_dir / "swe_smith")
+def test_swe_smith_three_styles_become_tool_calls() -> None:
+    states, counts = ingest("swe_smith", FIXTURES / "swe_smith")
 
     assert counts["states"] == 6
     assert counts["skipped"] == 2  # a line that is not JSON, a row whose messages are not a list
@@ -151,8 +183,8 @@ def test_swe_smith_three_styles_become_tool_calls(fixtures_dir: Path) -> None:
     assert {tool["function"]["name"] for tool in ticks_second.meta["tools"]} == {"bash"}
 
 
-def test_coding_env_episode_records(fixtures_dir: Path) -> None:
-    states, counts = ingest("coding_env", fixtures_dir / "coding_env")
+def test_coding_env_episode_records() -> None:
+    states, counts = ingest("coding_env", FIXTURES / "coding_env")
 
     assert counts["states"] == 3
     assert counts["skipped"] == 2  # bad JSON, and a line that is not an EpisodeRecord
@@ -170,10 +202,10 @@ def test_coding_env_episode_records(fixtures_dir: Path) -> None:
 
 
 def test_ingest_cli_writes_states_and_prints_counts(
-    fixtures_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "states.jsonl"
-    assert main(["ingest", "--format", "swe_smith", str(fixtures_dir / "swe_smith"), "--out", str(out)]) == 0
+    assert main(["ingest", "--format", "swe_smith", str(FIXTURES / "swe_smith"), "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["states"] == 6 and printed["skipped"] == 2
     lines = out.read_text().splitlines()

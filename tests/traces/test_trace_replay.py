@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import COST_PER_ANSWER, bash, make_config, make_state
+from trace_builders import COST_PER_ANSWER, bash, make_config, make_state
 from teacher_stub import StubOpenAI, Teacher, case_of, text_answer, tool_answer
 
 from trainer_client.records import PreferencePair
 from trainer_client.traces.consensus import action_key, find_consensus
 from trainer_client.traces.gating import mean_token_entropy
+from trainer_client.traces.messages import MISSING_RESULT, pair_tool_results
 from trainer_client.traces.progress import progress_path
 from trainer_client.traces.replay import TeacherReplay
 
@@ -195,3 +196,18 @@ def test_entropy_gating_reads_openai_logprobs() -> None:
     assert mean_token_entropy(CONFIDENT) < 0.01
     assert mean_token_entropy(UNSURE) == pytest.approx(0.693, abs=0.01)
     assert mean_token_entropy(None) is None
+
+
+def test_requests_carry_a_history_chat_apis_accept() -> None:
+    interrupted = bash("sleep 100")
+    history = [
+        {"role": "system", "content": "s"},
+        {"role": "tool", "tool_call_id": "gone", "content": "result of a call before compaction"},
+        interrupted,
+        {"role": "user", "content": "stop, do something else"},
+    ]
+    repaired = pair_tool_results(history)
+    assert [m["role"] for m in repaired] == ["system", "user", "assistant", "tool", "user"]
+    assert repaired[1]["content"].endswith("result of a call before compaction")
+    assert repaired[3] == {"role": "tool", "tool_call_id": "call_s", "content": MISSING_RESULT}
+    assert pair_tool_results(repaired) == repaired

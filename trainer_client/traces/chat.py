@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from trainer_client.traces.config import ReplayConfig, TeacherConfig
+from trainer_client.traces.messages import pair_tool_results
 
 
 class TeacherError(Exception):
@@ -47,7 +48,7 @@ def request_body(teacher: TeacherConfig, messages: list[dict[str, Any]], tools: 
     """The chat completions request for one state; also what the reply cache is keyed on."""
     body: dict[str, Any] = {
         "model": teacher.model,
-        "messages": messages,
+        "messages": pair_tool_results(messages),
         "max_tokens": teacher.max_tokens,
         "temperature": teacher.temperature,
     }

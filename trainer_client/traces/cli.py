@@ -62,14 +62,16 @@ def run_replay(args: argparse.Namespace) -> int:
         total = sum(1 for line in lines if line.strip())
     with tqdm(total=total, unit="state", desc="replay") as bar:
         replay = TeacherReplay(config, args.out, args.budget_usd, on_state_done=bar.update)
-        invalid = []
-        states = read_models(args.states, TraceState, on_invalid=lambda number, why: invalid.append(number))
+
+        def count_invalid(number: int, why: str) -> None:
+            replay.report.states_invalid += 1
+            logging.warning("%s:%d is not a TraceState: %s", args.states, number, why)
+
         try:
-            report = replay.run(states)
+            report = replay.run(read_models(args.states, TraceState, on_invalid=count_invalid))
         except ReplayConfigError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-    report.states_invalid = len(invalid)
     report_path(args.out).write_text(report.model_dump_json(indent=2), encoding="utf-8")
     print(
         f"pairs {report.pairs}, calls {report.calls}, cache hits {report.cache_hits}, "

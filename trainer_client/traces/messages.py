@@ -82,6 +82,38 @@ def without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in message.items() if key != REASONING_KEY}
 
 
+MISSING_RESULT = "[no result recorded]"
+
+
+def pair_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History every chat API accepts: each tool call answered, no tool message unasked.
+
+    Traces break this when a run was interrupted (a call without result) or history starts
+    mid-exchange (a result without call); APIs answer 400 to either. Missing results get a
+    placeholder; orphan results become user messages.
+    """
+    repaired: list[dict[str, Any]] = []
+    open_calls: list[str] = []
+
+    def close_open_calls() -> None:
+        repaired.extend(tool_message(call_id, MISSING_RESULT) for call_id in open_calls)
+        open_calls.clear()
+
+    for message in messages:
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") in open_calls:
+                open_calls.remove(message["tool_call_id"])
+                repaired.append(message)
+            else:
+                repaired.append({"role": "user", "content": f"Tool result:\n{flatten_text(message.get('content'))}"})
+            continue
+        close_open_calls()
+        repaired.append(message)
+        open_calls.extend(call["id"] for call in message.get("tool_calls") or [])
+    close_open_calls()
+    return repaired
+
+
 def flatten_text(content: Any) -> str:
     """Text of a message content that may be a string or a list of typed blocks."""
     if content is None:

@@ -27,6 +27,7 @@ from trainer_client.traces.chat import TeacherError, TeacherReply, ask_teacher, 
 from trainer_client.traces.config import ReplayConfig, TeacherConfig, model_family
 from trainer_client.traces.consensus import action_key, find_consensus
 from trainer_client.traces.gating import mean_token_entropy
+from trainer_client.traces.messages import pair_tool_results
 from trainer_client.traces.progress import RunProgress
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class TeacherReplay:
             return "agree", None
         return "pair", PreferencePair(
             state_id=state.state_id,
-            messages=state.messages,
+            messages=pair_tool_results(state.messages),
             chosen=consensus.message,
             rejected=state.student_action,
             teachers=consensus.teachers,

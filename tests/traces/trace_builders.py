@@ -1,11 +1,9 @@
-"""Builders shared by the trace-pipeline tests."""
+"""Builders shared by the trace-pipeline tests (a plain module: `conftest` names clash across test folders)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from trainer_client.records import TraceState
 from trainer_client.traces.config import ReplayConfig, TeacherConfig
@@ -73,8 +71,3 @@ def make_config(base_url: str, models: list[str], cache_dir: Path, **overrides: 
     }
     settings.update(overrides)
     return ReplayConfig(**settings)
-
-
-@pytest.fixture
-def fixtures_dir() -> Path:
-    return FIXTURES

@@ -1,0 +1,157 @@
+"""Sandbox latency: cold start, warm checkout, exec round trips, file transfer, concurrency.
+
+Baseline in the same run: the docker SDK's `exec_run` (one `docker exec` per call) for the
+same commands in the same container. Prints a markdown table for docs/benchmarks.md.
+
+    python benchmarks/sandbox_latency.py [--backend docker|local] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
+
+SPEC = SandboxSpec()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def timed(action: Callable[[], object], repeat: int) -> list[float]:
+    """Milliseconds of each of `repeat` calls."""
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        action()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def row(name: str, samples: list[float], baseline: list[float] | None = None) -> str:
+    p50 = percentile(samples, 0.5)
+    cells = [name, f"{p50:.2f}", f"{percentile(samples, 0.99):.2f}", str(len(samples))]
+    if baseline:
+        base50 = percentile(baseline, 0.5)
+        cells += [f"{base50:.2f}", f"{percentile(baseline, 0.99):.2f}", f"{base50 / p50:.1f}x"]
+    else:
+        cells += ["", "", ""]
+    return "| " + " | ".join(cells) + " |"
+
+
+def checked_exec(sandbox: Sandbox, command: str) -> None:
+    result = sandbox.exec(command, timeout_s=30)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{command!r} failed: {result}")
+
+
+def cold_start(backend: str, repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        sandbox = open_sandbox(SPEC, backend)  # returns once the supervisor answers a ping
+        samples.append((time.perf_counter() - start) * 1000)
+        sandbox.close()
+    return samples
+
+
+def warm_checkout(backend: str, repeat: int) -> list[float]:
+    samples = []
+    with WarmPool(SPEC, size=4, backend=backend) as pool:
+        for _ in range(repeat):
+            pool.wait_ready()  # measure a warm pool, not the refill rate
+            start = time.perf_counter()
+            sandbox = pool.checkout()
+            samples.append((time.perf_counter() - start) * 1000)
+            sandbox.close()
+    return samples
+
+
+def concurrency(backend: str, sandboxes: int, execs_each: int) -> str:
+    """`sandboxes` sandboxes each run `true` `execs_each` times, all at once."""
+    with ThreadPoolExecutor(max_workers=8) as starter:
+        opened = list(starter.map(lambda _: open_sandbox(SPEC, backend), range(sandboxes)))
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    barrier = threading.Barrier(sandboxes)
+
+    def drive(sandbox: Sandbox) -> None:
+        nonlocal errors
+        barrier.wait()
+        for _ in range(execs_each):
+            start = time.perf_counter()
+            try:
+                checked_exec(sandbox, "true")
+            except Exception:
+                with lock:
+                    errors += 1
+                continue
+            with lock:
+                latencies.append((time.perf_counter() - start) * 1000)
+
+    try:
+        threads = [threading.Thread(target=drive, args=(sb,)) for sb in opened]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - start
+    finally:
+        with ThreadPoolExecutor(max_workers=8) as closer:
+            list(closer.map(lambda sb: sb.close(), opened))
+    rate = len(latencies) / wall
+    return f"| {sandboxes} | {execs_each} | {rate:.0f} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f} | {errors} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["docker", "local"], default="docker")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = parser.parse_args()
+    n = 20 if args.quick else 200
+    payload = bytes(range(256)) * 400  # 100 KiB
+
+    print(f"backend: {args.backend}")
+    print("| measurement | p50 ms | p99 ms | n | exec_run p50 ms | exec_run p99 ms | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    print(row("cold start (create until first exec possible)", cold_start(args.backend, max(10, n // 10))))
+    print(row("warm checkout (pool of 4)", warm_checkout(args.backend, max(10, n // 5))))
+
+    with open_sandbox(SPEC, args.backend) as sandbox:
+        baseline_container = None
+        if args.backend == "docker":
+            from sandbox.docker_backend import default_client
+
+            baseline_container = default_client().containers.get(sandbox.container_id)
+        for command, repeat in (("true", n), ("python3 -c pass", n // 2)):
+            ours = timed(lambda: checked_exec(sandbox, command), repeat)
+            baseline = None
+            if baseline_container is not None:
+                baseline = timed(lambda: baseline_container.exec_run(["bash", "-c", command]), repeat)
+            print(row(f"exec round trip `{command}`", ours, baseline))
+
+        def write_then_read() -> None:
+            sandbox.write_file("bench.bin", payload)
+            if sandbox.read_file("bench.bin") != payload:
+                raise RuntimeError("file round trip corrupted the payload")
+
+        print(row("write then read 100 KiB", timed(write_then_read, n // 2)))
+
+    print()
+    print("| sandboxes | execs each | execs/s | p50 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|")
+    for sandboxes in (32, 64):
+        print(concurrency(args.backend, sandboxes, execs_each=5 if args.quick else 20))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""`coding-env tasks list|show|validate|generate`: the task registry from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from env_server.tasks import default_cache_dir, default_registry
+
+
+def _registry(args: argparse.Namespace):
+    return default_registry(Path(args.cache_dir) if args.cache_dir else None)
+
+
+def list_tasks(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    if args.counts:
+        for suite in registry.suites():
+            print(f"{suite}\t{len(registry.ids(suite))}")
+        print(f"total\t{len(registry.ids())}")
+        return 0
+    for task_id in registry.ids(args.suite):
+        print(task_id)
+    return 0
+
+
+def show_task(args: argparse.Namespace) -> int:
+    task = _registry(args).get(args.task_id)
+    shown = task.model_dump(exclude={"metadata"} if not args.with_metadata else set())
+    if not args.with_hidden:
+        shown["hidden_tests"] = sorted(task.hidden_tests)  # names only
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
+def validate_tasks(args: argparse.Namespace) -> int:
+    """Grade each task's reference solution (must score 1.0) and its untouched workspace (< 1.0)."""
+    from env_server.tasks.validation import validate
+
+    registry = _registry(args)
+    ids = args.task_ids or registry.ids(args.suite)
+    failures = 0
+    for outcome in validate(registry, ids, backend=args.backend):
+        failures += not outcome.ok
+        print(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.task_id}\t{outcome.detail}")
+    print(f"{len(ids) - failures}/{len(ids)} valid")
+    return 1 if failures else 0
+
+
+def generate_tasks(args: argparse.Namespace) -> int:
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    if args.generator == "codeio":
+        from env_server.tasks import codeio
+
+        generated = codeio.generate(args.n, args.seed)
+        codeio.write_cache(codeio.cache_path(cache_dir, args.seed), generated)
+        print(f"codeio: {len(generated)} tasks -> {codeio.cache_path(cache_dir, args.seed)}")
+        return 0
+    from env_server.tasks import feature_deletion
+    from sandbox import SandboxSpec, open_sandbox
+
+    if not args.project:
+        print("feature-deletion needs --project NAME==VERSION", file=sys.stderr)
+        return 2
+    for requirement in args.project:
+        report = feature_deletion.generate(
+            requirement, args.n, args.seed, cache_dir, lambda: open_sandbox(SandboxSpec(), backend=args.backend),
+            log=lambda line: print(line, file=sys.stderr),
+        )
+        print(report.model_dump_json())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Mount `tasks` under a parent CLI (env_server/cli.py does)."""
+    tasks = subparsers.add_parser("tasks", help="list, show, validate and generate tasks")
+    tasks.add_argument("--cache-dir", help="generated-task cache (default: $CODING_ENV_TASK_CACHE_DIR or ~/.cache/coding-env/tasks)")
+    commands = tasks.add_subparsers(dest="tasks_command", required=True)
+
+    listing = commands.add_parser("list", help="task ids, one per line")
+    listing.add_argument("--suite", help="only this suite")
+    listing.add_argument("--counts", action="store_true", help="tasks per suite instead of ids")
+    listing.set_defaults(handler=list_tasks)
+
+    show = commands.add_parser("show", help="one task spec as JSON")
+    show.add_argument("task_id")
+    show.add_argument("--with-hidden", action="store_true", help="include hidden test contents")
+    show.add_argument("--with-metadata", action="store_true", help="include metadata (reference solutions)")
+    show.set_defaults(handler=show_task)
+
+    validate = commands.add_parser("validate", help="reference solution scores 1.0, untouched workspace less")
+    validate.add_argument("task_ids", nargs="*", help="tasks to validate (default: all of --suite)")
+    validate.add_argument("--suite", help="validate a whole suite")
+    validate.add_argument("--backend", choices=["docker", "local"], default="docker")
+    validate.set_defaults(handler=validate_tasks)
+
+    generate = commands.add_parser("generate", help="generate tasks into the cache")
+    generate.add_argument("generator", choices=["feature-deletion", "codeio"])
+    generate.add_argument("--project", action="append", help="NAME==VERSION of a pure-Python sdist with tests (repeatable)")
+    generate.add_argument("--n", type=int, default=50, help="tasks to generate per project")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--backend", choices=["docker", "local"], default="docker")
+    generate.set_defaults(handler=generate_tasks)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="coding-env")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
