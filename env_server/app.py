@@ -157,7 +157,14 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         episode_log = EpisodeLog(settings.trajectory_dir) if settings.trajectory_dir else None
 
         def new_environment(session_id: str | None) -> CodingEnvironment:
-            return CodingEnvironment(checkout=checkout, tasks=tasks, hints=hints, episode_log=episode_log, session_id=session_id)
+            return CodingEnvironment(
+                checkout=checkout,
+                tasks=tasks,
+                hints=hints,
+                episode_log=episode_log,
+                session_id=session_id,
+                retire=lambda sandbox: executor.submit(sandbox.close),
+            )
 
         sessions = SessionManager(
             new_environment,

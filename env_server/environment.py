@@ -22,7 +22,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field, TypeAdapter, ValidationError
 
 from env_server.error_kinds import FailureStreak
-from env_server.grading import prepare_workspace
+from env_server.grading import TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
 from env_server.models import (
     ApiErrorCode,
@@ -120,9 +120,13 @@ class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMess
         hints: HintGenerator,
         episode_log: EpisodeLog | None = None,
         session_id: str | None = None,
+        retire: Callable[[Sandbox], None] = Sandbox.close,
     ) -> None:
+        """`retire` disposes of a finished episode's sandbox; the service passes one that closes it
+        in the background, so removing a container (~150 ms) is not on the path of reset or submit."""
         super().__init__()
         self._checkout = checkout
+        self._retire = retire
         self._tasks = tasks
         self._hints = hints
         self._episode_log = episode_log
@@ -141,13 +145,18 @@ class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMess
         **_: Any,
     ) -> CodingResetObservation:
         spec = self._resolve_task(task_id, task, seed)
-        self._end_episode()
+        if self._episode is not None:
+            self._retire(self._episode.sandbox)
+            self._episode = None
         sandbox = self._open_sandbox()
         try:
             prepare_workspace(sandbox, spec)
+        except (TaskSetupError, ValueError) as exc:
+            sandbox.close()
+            raise ServiceError(ApiErrorCode.INVALID_REQUEST, f"task {spec.id!r} cannot be set up: {exc}") from exc
         except Exception as exc:
             sandbox.close()
-            raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"preparing the workspace of {spec.id} failed: {exc}") from exc
+            raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"preparing the workspace of {spec.id!r} failed: {exc}") from exc
         tools = [t.openai_schema() for t in TOOLS.values()]
         record = EpisodeRecord(
             session_id=self._session_id or "",
@@ -234,7 +243,9 @@ class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMess
         )
 
     def close(self) -> None:
-        self._end_episode()
+        if self._episode is not None:
+            self._episode.sandbox.close()
+            self._episode = None
 
     # -- Beyond OpenEnv ----------------------------------------------------------------------
 
@@ -324,11 +335,6 @@ class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMess
         record.tests_total = outcome.metadata.get("tests_total")
         record.monitor_flags = list(outcome.metadata.get("monitor_flags", episode.workspace.monitor_flags))
         # The graded sandbox is of no further use; free it now rather than at the next reset.
-        episode.sandbox.close()
+        self._retire(episode.sandbox)
         if self._episode_log is not None:
             self._episode_log.append(record)
-
-    def _end_episode(self) -> None:
-        if self._episode is not None:
-            self._episode.sandbox.close()
-            self._episode = None

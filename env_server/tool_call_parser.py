@@ -16,8 +16,10 @@ at the parameter-name boundaries instead.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -45,6 +47,7 @@ _TOOL_CALL_END = re.compile(r"</tool_call>|<tool_call>")
 _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*\n")
 _FENCE_END = re.compile(r"\n?```")
 _LENIENT_JSON = json.JSONDecoder(strict=False)
+_LAYOUT_TOKENS = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 _NAME_KEYS = ("name", "tool_name", "tool", "function")
 _ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "params")
 _ENVELOPE_KEYS = {"type", "id", "call_id", *_NAME_KEYS, *_ARGUMENT_KEYS}
@@ -134,12 +137,21 @@ def _load(raw: str) -> tuple[Any, bool]:
         except ValueError:
             pass
     try:
-        return ast.literal_eval(raw), True  # Python-style dicts: single quotes, None, True
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _python_literal(raw), True  # Python-style dicts: single quotes, None, True
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
         pass
     repaired = json_repair.loads(raw)
     # json-repair answers '' (or a bare string) for text it cannot read as JSON.
     return (repaired if isinstance(repaired, (dict, list)) else None), False
+
+
+def _python_literal(raw: str) -> Any:
+    """`ast.literal_eval`, refusing implicit string concatenation: `"split(" ")"` is an unescaped
+    quote in JSON, not the two Python literals `"split("` and `")"`."""
+    kinds = [t.type for t in tokenize.generate_tokens(io.StringIO(raw).readline) if t.type not in _LAYOUT_TOKENS]
+    if any(a == b == tokenize.STRING for a, b in zip(kinds, kinds[1:])):
+        raise ValueError("adjacent string literals")
+    return ast.literal_eval(raw)
 
 
 def _drop_commas_and_close(raw: str) -> str:

@@ -3,15 +3,16 @@
 What it gives: new user, pid, mount, ipc, uts and network namespaces (only `lo`), the host's
 /usr read-only and a read-only root, private size-limited tmpfs for the workspace and /tmp, no
 capabilities, a fresh session (no terminal injection), and death with the thread that started
-it. Resource limits are rlimits set by `prlimit`, and when the caller is root the sandbox runs
-as the unprivileged host user `nobody` (uid 1000 inside).
+it. Resource limits are rlimits set by `prlimit`, and when the caller is root each sandbox runs
+as its own unprivileged host uid from `HOST_UIDS` (uid 1000 inside).
 
 How it is weaker than the Docker backend (docs/decisions/003-local-backend-isolation.md):
 - Memory is RLIMIT_AS per process, not a cgroup limit on the whole sandbox: N processes may
   use N times the limit, virtual reservations count (some runtimes refuse to start), and a
   breach is an allocation failure, not an OOM kill (`oom_killed` stays False).
-- Processes are RLIMIT_NPROC, counted per host uid across every sandbox of that uid (and, for
-  a non-root caller, across all of the caller's own processes); it is not a per-sandbox pid cap.
+- Processes are RLIMIT_NPROC, counted per host uid and including threads: per sandbox for a
+  root caller (one uid each), but for a non-root caller shared by all its sandboxes and all
+  of the caller's own processes.
 - CPU time is RLIMIT_CPU per process (`spec.cpu_time_s`), the supervisor included; there is
   no CPU share limit, so a busy sandbox slows its neighbours.
 - No seccomp filter: the whole host kernel syscall surface is reachable (Docker blocks ~50
@@ -27,6 +28,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,8 +40,12 @@ from sandbox.supervisor import bootstrap_argv
 START_TIMEOUT_S = 30.0
 """Limit on start-up until the supervisor answers its first ping."""
 
-UNPRIVILEGED_UID = 65534
-"""Host uid (nobody) a root caller drops to, so rlimits apply and an escape is not root."""
+HOST_UIDS = range(200_000, 265_536)
+"""Host uids a root caller's sandboxes run as, one per live sandbox: an escape is not root,
+and RLIMIT_NPROC, which the kernel counts per uid (and ignores for root), is per sandbox."""
+
+_host_uids_lock = threading.Lock()
+_host_uids_in_use: set[int] = set()
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -88,8 +94,20 @@ def bwrap_argv(spec: SandboxSpec) -> list[str]:
     return argv
 
 
-def limits_argv(spec: SandboxSpec) -> list[str]:
-    """`prlimit` (and, for a root caller, `setpriv`) prefix that applies the spec's rlimits."""
+def _acquire_host_uid() -> int:
+    with _host_uids_lock:
+        uid = next(uid for uid in HOST_UIDS if uid not in _host_uids_in_use)
+        _host_uids_in_use.add(uid)
+        return uid
+
+
+def _release_host_uid(uid: int) -> None:
+    with _host_uids_lock:
+        _host_uids_in_use.discard(uid)
+
+
+def limits_argv(spec: SandboxSpec, host_uid: int | None) -> list[str]:
+    """`prlimit` prefix that applies the spec's rlimits, then `setpriv` to `host_uid` if given."""
     argv = [
         "prlimit",
         f"--as={spec.memory_mb * 2**20}",
@@ -98,8 +116,8 @@ def limits_argv(spec: SandboxSpec) -> list[str]:
         f"--cpu={spec.cpu_time_s}",
         "--",
     ]
-    if os.geteuid() == 0:
-        argv += ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}", "--clear-groups", "--"]
+    if host_uid is not None:
+        argv += ["setpriv", f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--"]
     return argv
 
 
@@ -111,11 +129,14 @@ class LocalSandbox(SupervisedSandbox):
         if shutil.which("bwrap") is None:
             raise SandboxError("the local backend needs bubblewrap (`bwrap`) on PATH")
         self._stderr = tempfile.TemporaryFile()  # supervisor's own stderr, for error messages
-        argv = limits_argv(spec) + bwrap_argv(spec) + ["--"] + bootstrap_argv(spec.workdir)
-        self._process: subprocess.Popen[bytes] | None = _spawner.submit(
-            subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
-        ).result()
+        # Host uid the sandbox runs as when the caller is root (None: the caller's own uid).
+        self.host_uid = _acquire_host_uid() if os.geteuid() == 0 else None
+        argv = limits_argv(spec, self.host_uid) + bwrap_argv(spec) + ["--"] + bootstrap_argv(spec.workdir)
+        self._process: subprocess.Popen[bytes] | None = None
         try:
+            self._process = _spawner.submit(
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
+            ).result()
             self._connect(self._process.stdout.read1, self._write, self._describe_failure, START_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -140,10 +161,18 @@ class LocalSandbox(SupervisedSandbox):
         return "; ".join(part for part in (f"bwrap exited with {code}" if code is not None else "", stderr) if part)
 
     def close(self) -> None:
-        if self._process is None:
+        if self._stderr.closed:
             return
         process, self._process = self._process, None
         self._channel = None
+        if process is not None:
+            self._stop(process)
+        self._stderr.close()
+        if self.host_uid is not None:
+            _release_host_uid(self.host_uid)
+
+    @staticmethod
+    def _stop(process: subprocess.Popen[bytes]) -> None:
         try:
             process.stdin.close()  # supervisor sees EOF, kills its commands and exits
         except BrokenPipeError:
@@ -154,4 +183,3 @@ class LocalSandbox(SupervisedSandbox):
             process.kill()
             process.wait()
         process.stdout.close()
-        self._stderr.close()

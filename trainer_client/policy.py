@@ -80,8 +80,14 @@ def _smollm2_model(cache_dir: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(target)
 
 
-def tiny_random_model(vocab_size: int, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> PreTrainedModel:
-    """A randomly initialised Qwen2 causal LM of the given width and depth."""
+def tiny_random_model(
+    vocab_size: int, *, hidden_size: int = 64, layers: int = 2, seed: int = 0, init_std: float = 0.02
+) -> PreTrainedModel:
+    """A randomly initialised Qwen2 causal LM of the given width and depth.
+
+    At the usual `init_std` its next-token distributions are nearly uniform; a larger one makes them
+    peaked enough for divergences between contexts to show (tests of the SDPO channel).
+    """
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -91,6 +97,7 @@ def tiny_random_model(vocab_size: int, *, hidden_size: int = 64, layers: int = 2
         num_key_value_heads=max(1, hidden_size // 32),
         max_position_embeddings=4096,
         tie_word_embeddings=True,
+        initializer_range=init_std,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

@@ -17,6 +17,7 @@ import re
 import shlex
 from typing import Any
 
+from env_server.grading import GRADE_COMMAND
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 
@@ -26,7 +27,7 @@ HIDDEN_TEST_PATH = "test_agent_bench_hidden.py"
 
 # Set-ups and checks that need root, other users, packages or a system path cannot run in a
 # read-only, unprivileged sandbox.
-_NEEDS_PRIVILEGE = re.compile(r"/root|/home/agent|/usr|/etc|/data\b|useradd|usermod|groupadd|sudo|chown|chgrp|\bapt")
+_NEEDS_PRIVILEGE = re.compile(r"/root|/home/|/usr|/etc|/data\b|useradd|usermod|groupadd|sudo|chown|chgrp|\bapt")
 _COMPARATORS = {
     "check/integer-match.py": "integer",
     "check/string-match.py": "string",
@@ -144,7 +145,8 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
             f"the workspace, /workspace (read `~` as /workspace).{answer_note} Then submit."
         ),
         setup_command=f"HOME=\"$PWD\" bash -c {shlex.quote(setup)}" if setup else None,
-        hidden_tests={HIDDEN_TEST_PATH: _HIDDEN_TEST.format(spec=spec, answer_file=ANSWER_FILE)},
+        grade_command=GRADE_COMMAND,
+    hidden_tests={HIDDEN_TEST_PATH: _HIDDEN_TEST.format(spec=spec, answer_file=ANSWER_FILE)},
         reward_mode="binary",
         limits=TaskLimits(max_steps=20),
         metadata={"source": "inspect-evals 0.26.0 agent_bench OS test (Apache-2.0)", "record_id": record["id"],

@@ -6,6 +6,7 @@ visible ones do not, so passing the visible tests alone is not enough.
 
 from __future__ import annotations
 
+from env_server.grading import GRADE_COMMAND
 from env_server.models import TaskSpec
 from env_server.tasks import StaticSuite
 
@@ -25,6 +26,7 @@ _FIZZBUZZ = TaskSpec(
             "def test_plain():\n    assert fizzbuzz(1) == '1'\n"
         )
     },
+    grade_command=GRADE_COMMAND,
     hidden_tests={
         "test_hidden_fizzbuzz.py": (
             "import pytest\n\nfrom solution import fizzbuzz\n\n\n"
@@ -52,6 +54,7 @@ _REVERSE_WORDS = TaskSpec(
             "def test_two_words():\n    assert reverse_words('hello world') == 'world hello'\n"
         )
     },
+    grade_command=GRADE_COMMAND,
     hidden_tests={
         "test_hidden_reverse_words.py": (
             "from solution import reverse_words\n\n\n"
@@ -82,6 +85,7 @@ _FIX_MEDIAN = TaskSpec(
             "def test_odd():\n    assert median([3, 1, 2]) == 2\n"
         )
     },
+    grade_command=GRADE_COMMAND,
     hidden_tests={
         "test_hidden_median.py": (
             "from stats import median\n\n\n"
@@ -118,6 +122,7 @@ _WORD_COUNT = TaskSpec(
             "def test_corpus():\n    assert top_words('corpus.txt', 1) == [('the', 4)]\n"
         )
     },
+    grade_command=GRADE_COMMAND,
     hidden_tests={
         "test_hidden_word_count.py": (
             "from counter import top_words\n\n\n"

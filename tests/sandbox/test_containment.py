@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Sandbox, SandboxSpec, open_sandbox
-from tests.sandbox.conftest import SPEC, needs_docker
+from tests.sandbox.support import SPEC, needs_docker
 
 
 def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:

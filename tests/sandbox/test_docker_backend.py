@@ -5,9 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import docker.errors
 import pytest
@@ -21,7 +19,7 @@ from sandbox.docker_backend import (
     default_client,
     reap_orphans,
 )
-from tests.sandbox.conftest import SPEC, needs_docker
+from tests.sandbox.support import SPEC, kill_caller_mid_command, needs_docker
 
 pytestmark = needs_docker
 
@@ -74,27 +72,7 @@ def test_close_removes_the_container() -> None:
 
 
 def test_a_killed_caller_leaves_no_container() -> None:
-    caller = textwrap.dedent(
-        """
-        import threading
-        from sandbox import SandboxSpec
-        from sandbox.docker_backend import DockerSandbox
-        sb = DockerSandbox(SandboxSpec(memory_mb=256))
-        threading.Thread(target=sb.exec, args=("touch started; sleep 1000",), daemon=True).start()
-        while sb.exec("test -f started").exit_code != 0:
-            pass
-        print(sb.container_id, flush=True)
-        threading.Event().wait()
-        """
-    )
-    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
-    try:
-        container_id = proc.stdout.readline().strip()
-        assert container_id, "the caller did not start its sandbox"
-    finally:
-        proc.kill()  # SIGKILL: no cleanup code of the caller runs
-        proc.wait()
-    assert _gone(container_id)
+    assert _gone(kill_caller_mid_command("docker", "container_id"))
 
 
 def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: DockerSandbox) -> None:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import os
 import select
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sandbox.local_backend import UNPRIVILEGED_UID, LocalSandbox
-from tests.sandbox.conftest import SPEC, needs_bwrap
+from sandbox.local_backend import HOST_UIDS, LocalSandbox
+from tests.sandbox.support import SPEC, kill_caller_mid_command, needs_bwrap
 
 pytestmark = needs_bwrap
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the host uid drop applies to root callers")
 
 
 @pytest.fixture
@@ -48,32 +46,20 @@ def test_memory_beyond_the_limit_fails_to_allocate(local_sandbox: LocalSandbox) 
     assert local_sandbox.exec("echo alive").stdout == "alive\n"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop applies to root callers")
-def test_a_root_caller_runs_the_sandbox_as_an_unprivileged_host_user(local_sandbox: LocalSandbox) -> None:
+@root_only
+def test_a_root_caller_runs_the_sandbox_as_an_unprivileged_host_uid(local_sandbox: LocalSandbox) -> None:
     children = Path(f"/proc/{local_sandbox.pid}/task/{local_sandbox.pid}/children").read_text().split()
+    assert local_sandbox.host_uid in HOST_UIDS
     for pid in [local_sandbox.pid, *map(int, children)]:
         uids = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
-        assert uids.split()[1:] == [str(UNPRIVILEGED_UID)] * 4
+        assert uids.split()[1:] == [str(local_sandbox.host_uid)] * 4
+
+
+@root_only
+def test_each_sandbox_of_a_root_caller_gets_its_own_host_uid(local_sandbox: LocalSandbox) -> None:
+    with LocalSandbox(SPEC) as other:
+        assert other.host_uid != local_sandbox.host_uid
 
 
 def test_a_killed_caller_takes_the_sandbox_with_it() -> None:
-    caller = textwrap.dedent(
-        """
-        import threading
-        from sandbox.local_backend import LocalSandbox
-        from tests.sandbox.conftest import SPEC
-        sb = LocalSandbox(SPEC)
-        threading.Thread(target=sb.exec, args=("touch started; sleep 1000",), daemon=True).start()
-        while sb.exec("test -f started").exit_code != 0:
-            pass
-        print(sb.pid, flush=True)
-        threading.Event().wait()
-        """
-    )
-    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
-    try:
-        bwrap_pid = int(proc.stdout.readline())
-    finally:
-        proc.kill()
-        proc.wait()
-    _wait_exit(bwrap_pid)
+    _wait_exit(int(kill_caller_mid_command("local", "pid")))

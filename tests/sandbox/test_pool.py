@@ -7,9 +7,8 @@ import threading
 import docker.errors
 import pytest
 
-from sandbox import Sandbox, SandboxError, SandboxSpec, WarmPool
-from sandbox.backends import open_sandbox
-from tests.sandbox.conftest import SPEC, needs_docker
+from sandbox import Sandbox, SandboxError, SandboxSpec, WarmPool, open_sandbox
+from tests.sandbox.support import SPEC, needs_docker
 
 
 def test_checkout_hands_out_live_sandboxes_and_refills(backend: str) -> None:

@@ -43,3 +43,29 @@ def test_http_session_episode_solves_the_task_and_records_it(session: HttpSessio
     assert trajectory.reward == 1.0
     logged = [json.loads(line) for line in (service_dir / "trajectories" / "episodes.jsonl").read_text().splitlines()]
     assert any(r["episode_id"] == trajectory.episode_id and r["reward"] == 1.0 for r in logged)
+
+
+def test_raw_assistant_message_and_json_text_arguments_are_repaired(session: HttpSession, client: httpx.Client) -> None:
+    session.reset(task_id="builtin/fizzbuzz")
+    message = (
+        "Let me write the file.\n<tool_call>\n"
+        '{"name": "write_file", "arguments": {"path": "note.txt", "content": "say "hi"\n",}}\n'
+    )
+    observation = session.act({"type": "assistant_message", "content": message})["observation"]
+    assert observation["tool_name"] == "write_file" and observation["error_kind"] is None, observation
+    # arguments as the model's JSON text, with a trailing comma and single quotes
+    read = session.step("read_file", "{'path': 'note.txt',}")["observation"]
+    assert read["output"] == 'say "hi"\n'
+    steps = client.get(f"/sessions/{session.id}/trajectory").json()["steps"]
+    assert steps[0]["action"]["type"] == "assistant_message"
+    assert steps[0]["parsed_call"] == {"tool_name": "write_file", "arguments": {"path": "note.txt", "content": 'say "hi"\n'}}
+
+
+def test_step_limit_grades_automatically(session: HttpSession) -> None:
+    task = builtin.BuiltinSuite().get("builtin/fizzbuzz").model_copy(update={"id": "inline/fizzbuzz-2-steps"})
+    task = task.model_copy(update={"limits": task.limits.model_copy(update={"max_steps": 2})})
+    assert session.reset(task=task.model_dump())["observation"]["max_steps"] == 2
+    assert session.step("write_file", {"path": "solution.py", "content": SOLUTION})["done"] is False
+    last = session.step("bash", {"command": "true"})
+    assert last["done"] is True and last["reward"] == 1.0
+    assert last["metadata"]["step_limit_reached"] is True

@@ -45,7 +45,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="session")
 def base_model(tokenizer: Any) -> torch.nn.Module:
-    return tiny_random_model(len(tokenizer), hidden_size=32, layers=2, seed=0)
+    return tiny_random_model(len(tokenizer), hidden_size=32, layers=2, seed=0, init_std=0.5)
 
 
 def constant_reward(completions: list, **kwargs: Any) -> list[float]:

@@ -1,0 +1,182 @@
+"""Service latency: what the HTTP/WebSocket layer adds to a sandbox exec, reset time, and load.
+
+    python benchmarks/service_latency.py [--steps 300] [--resets 40] [--sessions 64] [--load-steps 50]
+
+Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
+1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
+2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), and
+   the service overhead = step p50 - baseline p50;
+3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
+4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import websockets
+import websockets.sync.client
+
+from sandbox import SandboxSpec, open_sandbox
+
+BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "true"}}
+# An inline task with room for every step the benchmark takes (builtin tasks stop at 30).
+TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": 100000}}}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] if len(samples) > 1 else samples[0]
+
+
+def report(name: str, samples_ms: list[float]) -> float:
+    p50 = statistics.median(samples_ms)
+    print(f"{name:<38} n={len(samples_ms):<5} p50={p50:8.2f} ms  p99={percentile(samples_ms, 99):8.2f} ms")
+    return p50
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def start_service(pool_size: int, max_sessions: int) -> tuple[subprocess.Popen[str], str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "CODING_ENV_POOL_SIZE": str(pool_size), "CODING_ENV_MAX_SESSIONS": str(max_sessions), "CODING_ENV_LOG_LEVEL": "info"}
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("coding-env")), "serve", "--port", str(port)],
+        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )
+    for line in process.stderr:
+        if "Application startup complete" in line:
+            break
+    else:
+        raise SystemExit(f"service exited with {process.wait()}")
+    threading.Thread(target=process.stderr.read, daemon=True).start()  # keep draining the pipe
+    return process, f"127.0.0.1:{port}"
+
+
+def wait_pool(http: httpx.Client, ready: int) -> None:
+    """Block until the warm pool reports `ready` sandboxes (so resets measure checkouts, not starts)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith("coding_env_pool_ready_sandboxes ") and float(line.split()[1]) >= ready:
+                return
+        time.sleep(0.2)
+    raise SystemExit("warm pool did not fill")
+
+
+def bench_baseline(steps: int) -> float:
+    with open_sandbox(SandboxSpec()) as sandbox:
+        timed(lambda: sandbox.exec("true"), 20)
+        return report("sandbox exec `true` (baseline)", timed(lambda: sandbox.exec("true"), steps))
+
+
+def bench_websocket(address: str, steps: int) -> float:
+    with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
+        ws.send(json.dumps({"type": "reset", "data": TASK}))
+        ws.recv()
+
+        def step() -> None:
+            ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
+            ws.recv()
+
+        timed(step, 20)
+        return report("step `bash true` via WebSocket", timed(step, steps))
+
+
+def bench_http(http: httpx.Client, steps: int, resets: int) -> float:
+    session_id = http.post("/sessions").json()["session_id"]
+    http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
+    step = lambda: http.post(f"/sessions/{session_id}/step", json={"action": BASH_TRUE}).raise_for_status()  # noqa: E731
+    timed(step, 20)
+    p50 = report("step `bash true` via HTTP session", timed(step, steps))
+    reset_samples = []
+    for _ in range(resets):
+        wait_pool(http, 2)
+        start = time.perf_counter()
+        http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
+        reset_samples.append((time.perf_counter() - start) * 1000)
+    report("reset from the warm pool (HTTP)", reset_samples)
+    http.delete(f"/sessions/{session_id}")
+    return p50
+
+
+async def bench_load(address: str, sessions: int, steps: int) -> None:
+    latencies: list[float] = []
+    errors = 0
+    all_reset = asyncio.Barrier(sessions + 1)
+    go = asyncio.Event()
+
+    async def one_session() -> None:
+        nonlocal errors
+        async with websockets.connect(f"ws://{address}/ws", open_timeout=120, ping_timeout=None) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": TASK}))
+            await ws.recv()
+            await all_reset.wait()
+            await go.wait()
+            for _ in range(steps):
+                start = time.perf_counter()
+                await ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
+                reply = json.loads(await ws.recv())
+                latencies.append((time.perf_counter() - start) * 1000)
+                if reply["type"] != "observation" or reply["data"]["observation"]["error_kind"] is not None:
+                    errors += 1
+
+    tasks = [asyncio.create_task(one_session()) for _ in range(sessions)]
+    await all_reset.wait()
+    start = time.perf_counter()
+    go.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = time.perf_counter() - start
+    errors += sum(isinstance(r, BaseException) for r in results)
+    print(
+        f"{sessions} sessions x {steps} steps (WebSocket): {len(latencies) / elapsed:7.1f} steps/s  "
+        f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 99):.1f} ms  errors={errors}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--resets", type=int, default=40)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--load-steps", type=int, default=50)
+    parser.add_argument("--pool-size", type=int, default=8)
+    args = parser.parse_args()
+
+    process, address = start_service(args.pool_size, max(args.sessions, 8))
+    try:
+        with httpx.Client(base_url=f"http://{address}", timeout=300) as http:
+            wait_pool(http, args.pool_size)
+            baseline = bench_baseline(args.steps)
+            ws_p50 = bench_websocket(address, args.steps)
+            http_p50 = bench_http(http, args.steps, args.resets)
+            print(f"service overhead over raw exec (p50): WebSocket {ws_p50 - baseline:+.2f} ms "
+                  f"({ws_p50 / baseline:.2f}x), HTTP {http_p50 - baseline:+.2f} ms ({http_p50 / baseline:.2f}x)")
+        asyncio.run(bench_load(address, args.sessions, args.load_steps))
+    finally:
+        process.terminate()
+        process.wait(120)
+
+
+if __name__ == "__main__":
+    main()

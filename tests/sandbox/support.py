@@ -1,0 +1,64 @@
+"""Shared pieces of the sandbox tests: backends, the small test spec, a killed caller."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sandbox import SandboxSpec
+from sandbox.spec import DEFAULT_IMAGE
+
+
+@functools.cache
+def docker_ready() -> bool:
+    """An engine answers and the sandbox image exists (`coding-env build-image` makes it)."""
+    try:
+        from sandbox.docker_backend import default_client
+        from sandbox.image import image_exists
+
+        return image_exists(DEFAULT_IMAGE, default_client())
+    except Exception:
+        return False
+
+
+needs_docker = [pytest.mark.docker, pytest.mark.skipif(not docker_ready(), reason="no Docker engine or no sandbox image")]
+needs_bwrap = [pytest.mark.bwrap, pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")]
+
+BACKENDS = [pytest.param("docker", marks=needs_docker), pytest.param("local", marks=needs_bwrap)]
+
+SPEC = SandboxSpec(memory_mb=512, pids=128, workspace_mb=16, tmp_mb=16, default_timeout_s=20)
+"""Small limits so the containment tests hit them quickly."""
+
+
+def kill_caller_mid_command(backend: str, handle: str) -> str:
+    """Run a caller process that opens a sandbox and is SIGKILLed while a command runs in it.
+
+    Returns `str(sandbox.<handle>)` as the caller printed it (e.g. its container id).
+    """
+    caller = textwrap.dedent(
+        f"""
+        import threading
+        from sandbox import open_sandbox
+        from tests.sandbox.support import SPEC
+        sb = open_sandbox(SPEC, {backend!r})
+        threading.Thread(target=sb.exec, args=("touch started; sleep 1000",), daemon=True).start()
+        while sb.exec("test -f started").exit_code != 0:
+            pass
+        print(sb.{handle}, flush=True)
+        threading.Event().wait()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        reported = proc.stdout.readline().strip()
+    finally:
+        proc.kill()  # SIGKILL: no cleanup code of the caller runs
+        proc.wait()
+    assert reported, "the caller did not start its sandbox"
+    return reported

@@ -1,0 +1,64 @@
+"""Bad requests get a clear typed 4xx and the service keeps serving; schemathesis finds no 5xx."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from tests.service.conftest import HttpSession
+
+
+def _assert_refused(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.json()["code"] == code
+
+
+def test_bad_requests_get_typed_4xx_and_the_service_keeps_serving(client: httpx.Client, session: HttpSession) -> None:
+    _assert_refused(client.post(f"/sessions/{session.id}/step", content=b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json")
+    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": "bash ls"}), 422, "invalid_request")
+    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": {"type": "fly"}}), 422, "invalid_request")
+    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"seed": "zero"}), 422, "invalid_request")
+    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"task": {"prompt": "no id"}}), 422, "invalid_request")
+    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"task_id": "nope/nothing"}), 404, "task_not_found")
+    _assert_refused(client.get("/no/such/route"), 404, "not_found")
+    _assert_refused(client.put("/sessions"), 405, "method_not_allowed")
+    _assert_refused(client.post("/sessions/unknown-session/step", json={"action": {"type": "list_tools"}}), 404, "session_not_found")
+    _assert_refused(client.delete("/sessions/unknown-session"), 404, "session_not_found")
+    _assert_refused(session.client.post(f"/sessions/{session.id}/step", json={"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "ls"}}}), 409, "episode_not_started")
+    _assert_refused(client.post("/step", json={"action": {"type": "call_tool", "tool_name": "bash"}}), 409, "episode_not_started")
+
+    session.reset(task_id="builtin/fizzbuzz")
+    session.step("submit")
+    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "ls"}}}), 409, "episode_done")
+
+    assert client.get("/health").json() == {"status": "healthy"}
+    session.reset(task_id="builtin/fizzbuzz")
+    assert session.step("bash", {"command": "echo still-serving"})["observation"]["output"].strip() == "still-serving"
+
+
+def test_oversized_body_is_413(client: httpx.Client, session: HttpSession) -> None:
+    big = {"action": {"type": "call_tool", "tool_name": "write_file", "arguments": {"path": "a", "content": "x" * (5 * 1024 * 1024)}}}
+    _assert_refused(client.post(f"/sessions/{session.id}/step", json=big), 413, "body_too_large")
+
+    def chunks():  # no Content-Length: the limit must hold for streamed bodies too
+        for _ in range(6):
+            yield b"x" * (1024 * 1024)
+
+    _assert_refused(client.post(f"/sessions/{session.id}/step", content=chunks()), 413, "body_too_large")
+    assert client.get("/health").status_code == 200
+
+
+def test_schemathesis_finds_no_server_errors(base_url: str) -> None:
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def no_server_error(case: schemathesis.Case) -> None:
+            response = case.call(timeout=60)
+            assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:300]}"
+
+        no_server_error()
