@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import sys
 import tarfile
 import time
 import uuid
@@ -38,8 +39,9 @@ _TEST_INFRA_NAMES = frozenset(
     {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
      "sitecustomize.py", "usercustomize.py"}
 )
-# Top-level modules that would shadow the test runner itself.
-_RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging"})
+# Top-level modules that would shadow the test runner or the standard library (pytest puts a
+# test's root directory first on sys.path while collecting it).
+_RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", *sys.stdlib_module_names})
 # Submitted code that mentions these reaches into the test runner or its report.
 _TAMPER = re.compile(
     r"\b_pytest\b|\bpytest_(?:runtest|collection|report|sessionfinish|configure|terminal)\w*"
@@ -48,9 +50,9 @@ _TAMPER = re.compile(
 STRAY_PROCESS = "grading_stray_process"
 """Flag: a process other than the test run was alive when it ended; the report is not trusted."""
 
-GRADE_COMMAND = "python3 -P -m pytest -q -p no:cacheprovider -o pythonpath=."
-"""The safe way to run hidden tests: `-P` keeps the workspace off `sys.path` while Python and
-pytest start (a workspace `re.py` or `pytest.py` cannot shadow them); pytest adds it afterwards."""
+GRADE_COMMAND = "python3 -P -c 'import sys, pytest; sys.path.append(\".\"); sys.exit(pytest.console_main())' -q -p no:cacheprovider"
+"""How hidden tests run: `-P` keeps the workspace off `sys.path` while Python and pytest start,
+and it is appended, not prepended, so a workspace `pytest.py` or `re.py` shadows nothing."""
 
 # The grading command's environment: no user site, no plugin autoloading (an agent-made
 # `*.dist-info` with a `pytest11` entry point would otherwise load), no extra options.

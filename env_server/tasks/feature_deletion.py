@@ -122,7 +122,7 @@ def download(requirement: str, into: Path) -> Project:
 def test_command(project: Project) -> str:
     """The project's test run (the grader's safe command, see GRADE_COMMAND) with its own
     pytest configuration and its package importable from the workspace."""
-    return GRADE_COMMAND.replace("pythonpath=.", f"pythonpath={project.source_root or '.'}")
+    return GRADE_COMMAND.replace('append(\\".\\")', f'append(\\"{project.source_root or "."}\\")')
 
 
 def is_test_file(path: str) -> bool:

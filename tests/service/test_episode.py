@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 
-from env_server.models import EpisodeRecord, ErrorKind
+from env_server.models import EpisodeRecord
 from env_server.tasks import builtin
 from tests.service.conftest import HttpSession
 
@@ -69,3 +71,10 @@ def test_step_limit_grades_automatically(session: HttpSession) -> None:
     last = session.step("bash", {"command": "true"})
     assert last["done"] is True and last["reward"] == 1.0
     assert last["metadata"]["step_limit_reached"] is True
+
+
+def test_plain_httpx_example_plays_a_full_episode(base_url: str) -> None:
+    example = Path(__file__).parents[2] / "examples" / "http_episode.py"
+    completed = subprocess.run([sys.executable, str(example), base_url], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    assert "done: True reward: 1.0" in completed.stdout
