@@ -50,9 +50,16 @@ _TAMPER = re.compile(
 STRAY_PROCESS = "grading_stray_process"
 """Flag: a process other than the test run was alive when it ended; the report is not trusted."""
 
-GRADE_COMMAND = "python3 -P -c 'import sys, pytest; sys.path.append(\".\"); sys.exit(pytest.console_main())' -q -p no:cacheprovider"
-"""How hidden tests run: `-P` keeps the workspace off `sys.path` while Python and pytest start,
-and it is appended, not prepended, so a workspace `pytest.py` or `re.py` shadows nothing."""
+def pytest_command(import_root: str = ".") -> str:
+    """How hidden tests run: `-P` keeps the workspace off `sys.path` while Python and pytest
+    start, and `import_root` is appended, not prepended, so a workspace `pytest.py` or `re.py`
+    shadows nothing."""
+    bootstrap = f'import sys, pytest; sys.path.append("{import_root}"); sys.exit(pytest.console_main())'
+    return f"python3 -P -c {shlex.quote(bootstrap)} -q -p no:cacheprovider"
+
+
+GRADE_COMMAND = pytest_command()
+"""The grade command of tasks whose code lives at the workspace root."""
 
 # The grading command's environment: no user site, no plugin autoloading (an agent-made
 # `*.dist-info` with a `pytest11` entry point would otherwise load), no extra options.

@@ -75,9 +75,7 @@ def train(args: argparse.Namespace) -> int:
         trainer.train()
         trainer.save_model(config.output_dir)
     finally:
-        for pool in trainer._environment_pool.values():
-            for environment in pool:
-                environment._close()
+        trainer.close_environments()
     return 0
 
 

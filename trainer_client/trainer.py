@@ -136,6 +136,14 @@ class ComposerTrainer(GRPOTrainer):
             )
             self._preferences.reference_logps = self._reference_logps(self._preferences)
 
+    def close_environments(self) -> None:
+        """End the service sessions of every pooled environment (they also end when collected)."""
+        for pool in getattr(self, "_environment_pool", {}).values():
+            for environment in pool:
+                close = getattr(environment, "_close", None)
+                if close is not None:
+                    close()
+
     # ----------------------------------------------------------------- model parts
 
     def _causal_lm(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel
 
-from env_server.grading import GRADE_COMMAND, GRADE_ENV, parse_junit, tar_files
+from env_server.grading import GRADE_ENV, parse_junit, pytest_command, tar_files
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 from sandbox.base import Sandbox
@@ -120,9 +120,8 @@ def download(requirement: str, into: Path) -> Project:
 
 
 def test_command(project: Project) -> str:
-    """The project's test run (the grader's safe command, see GRADE_COMMAND) with its own
-    pytest configuration and its package importable from the workspace."""
-    return GRADE_COMMAND.replace('append(\\".\\")', f'append(\\"{project.source_root or "."}\\")')
+    """The project's test run: the grader's safe pytest command, the package importable."""
+    return pytest_command(project.source_root or ".")
 
 
 def is_test_file(path: str) -> bool:

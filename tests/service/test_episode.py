@@ -36,7 +36,7 @@ def test_http_session_episode_solves_the_task_and_records_it(session: HttpSessio
 
     final = session.step("submit")
     assert final["done"] is True
-    assert final["reward"] == 1.0
+    assert final["reward"] == 1.0, final
     assert final["metadata"]["tests_passed"] == final["metadata"]["tests_total"] > 0
     assert final["metadata"]["failing_tests"] == []
 

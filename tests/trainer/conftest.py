@@ -36,11 +36,8 @@ TOOLS = [
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import os
-
-    cache = Path(os.environ.get("CODING_ENV_CACHE", Path.home() / ".cache" / "coding-env"))
-    return load_tool_tokenizer(cache)
+def tokenizer() -> Any:
+    return load_tool_tokenizer()
 
 
 @pytest.fixture(scope="session")

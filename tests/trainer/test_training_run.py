@@ -71,9 +71,7 @@ def test_two_steps_with_all_three_channels(service_url, tokenizer, base_model, t
     try:
         trainer.train()
     finally:
-        for pool in trainer._environment_pool.values():
-            for environment in pool:
-                environment._close()
+        trainer.close_environments()
     assert check.steps_checked == 2
     logs = [entry for entry in trainer.state.log_history if "sdpo/loss" in entry]
     assert len(logs) == 2
