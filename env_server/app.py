@@ -36,7 +36,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_server.environment import (
     ACTIONS,
-    CallToolStep,
     CodingEnvironment,
     CodingObservation,
     CodingResetObservation,
@@ -234,6 +233,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error_response(ServiceError(ApiErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
 
 
+# Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
+# `response_model` documents the shape, without FastAPI validating the dict a second time.
+
+
 def _add_openenv_routes(app: FastAPI) -> None:
     @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
     async def health() -> HealthResponse:
@@ -253,24 +256,24 @@ def _add_openenv_routes(app: FastAPI) -> None:
         )
 
     @app.post("/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
-    async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> dict[str, Any]:
+    async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
         """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
         Use `/sessions` or `/ws` to act on the episode."""
         service = _service(request)
         session = service.sessions.open()
         try:
-            return await service.reset(session, body)
+            return JSONResponse(await service.reset(session, body))
         finally:
             await service.sessions.close(session.id)
 
     @app.post("/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
-    async def step(request: Request, body: StepRequest) -> dict[str, Any]:
+    async def step(request: Request, body: StepRequest) -> JSONResponse:
         """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
         a tool call answers 409 `episode_not_started`."""
         service = _service(request)
         session = service.sessions.open()
         try:
-            return await service.step(session, body.action, "http")
+            return JSONResponse(await service.step(session, body.action, "http"))
         finally:
             await service.sessions.close(session.id)
 
@@ -288,14 +291,14 @@ def _add_session_routes(app: FastAPI) -> None:
     @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
     async def reset_session(
         request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         service = _service(request)
-        return await service.reset(service.sessions.get(session_id), body)
+        return JSONResponse(await service.reset(service.sessions.get(session_id), body))
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
-    async def step_session(request: Request, session_id: str, body: StepRequest) -> dict[str, Any]:
+    async def step_session(request: Request, session_id: str, body: StepRequest) -> JSONResponse:
         service = _service(request)
-        return await service.step(service.sessions.get(session_id), body.action, "http")
+        return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
 
     @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=ERROR_RESPONSES, tags=["Sessions"])
     async def session_state(request: Request, session_id: str) -> CodingState:

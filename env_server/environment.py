@@ -58,8 +58,9 @@ class AssistantMessageStep(Action, AssistantMessageAction):
     """`{"type": "assistant_message", "content": "<the model's whole message>"}`."""
 
 
-CodingAction = Annotated[ListToolsStep | CallToolStep | AssistantMessageStep, Field(discriminator="type")]
-ACTIONS: TypeAdapter[ListToolsStep | CallToolStep | AssistantMessageStep] = TypeAdapter(CodingAction)
+AnyAction = ListToolsStep | CallToolStep | AssistantMessageStep
+ACTIONS: TypeAdapter[AnyAction] = TypeAdapter(Annotated[AnyAction, Field(discriminator="type")])
+"""Validates an action dict (dispatching on `type`) and publishes the action JSON schema."""
 
 
 class CodingObservation(CallToolObservation, ToolResult):
@@ -83,6 +84,7 @@ FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
 }
 
 TOOL_PARAMETERS: dict[str, list[str]] = {name: list(t.arguments.model_fields) for name, t in TOOLS.items()}
+TOOL_SCHEMAS: list[dict[str, Any]] = [t.openai_schema() for t in TOOLS.values()]
 
 
 @dataclass
@@ -107,7 +109,7 @@ class _Episode:
     reward: float | None = None
 
 
-class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMessageStep, Observation, CodingState]):
+class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     """One session's environment. Not thread-safe: the session manager serialises calls."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -157,20 +159,19 @@ class CodingEnvironment(Environment[ListToolsStep | CallToolStep | AssistantMess
         except Exception as exc:
             sandbox.close()
             raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"preparing the workspace of {spec.id!r} failed: {exc}") from exc
-        tools = [t.openai_schema() for t in TOOLS.values()]
         record = EpisodeRecord(
             session_id=self._session_id or "",
             episode_id=episode_id or uuid.uuid4().hex,
             task_id=spec.id,
             prompt=spec.prompt,
-            tools=tools,
+            tools=TOOL_SCHEMAS,
             started_at=time.time(),
         )
         workspace = Workspace(sandbox, spec, fresh_sandbox=self._checkout)
         self._episode = _Episode(spec, sandbox, workspace, record, show_hints)
-        return CodingResetObservation(task_id=spec.id, prompt=spec.prompt, tools=tools, max_steps=spec.limits.max_steps)
+        return CodingResetObservation(task_id=spec.id, prompt=spec.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
 
-    def step(self, action: ListToolsStep | CallToolStep | AssistantMessageStep, timeout_s: float | None = None, **_: Any) -> Observation:
+    def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
         if isinstance(action, ListToolsStep):
             return ListToolsObservation(tools=[McpTool(name=t.name, description=t.description, input_schema=t.parameters()) for t in TOOLS.values()])
         episode = self._active_episode()

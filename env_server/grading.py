@@ -126,14 +126,22 @@ class TaskSetupError(RuntimeError):
     """A task's `setup_command` failed: the task, not the agent, is broken."""
 
 
-def tar_files(files: Mapping[str, str | bytes]) -> bytes:
+def tar_files(
+    files: Mapping[str, str | bytes], modes: Mapping[str, int] | None = None, directories: Mapping[str, int] | None = None
+) -> bytes:
+    """An uncompressed tar of `files` (mode 0644 unless `modes` says otherwise) and `directories`."""
+    modes = modes or {}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path, mode in (directories or {}).items():
+            info = tarfile.TarInfo(_relative(path))
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
+            archive.addfile(info)
         for path, content in files.items():
             data = content.encode() if isinstance(content, str) else content
             info = tarfile.TarInfo(_relative(path))
             info.size = len(data)
-            info.mode = 0o644
+            info.mode = modes.get(path, 0o644)
             info.mtime = int(time.time())
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
@@ -170,40 +178,63 @@ class Submission(BaseModel):
 
     files: dict[str, bytes]
     """Regular files kept, workspace-relative."""
+    modes: dict[str, int]
+    """Permission bits of the kept files (set-id and sticky bits cleared)."""
+    directories: dict[str, int]
+    """Directories (empty ones too) and their permission bits."""
     dropped: list[str]
     """Paths removed: links, caches, bytecode, test infrastructure the task did not ship."""
 
+    def tar(self) -> bytes:
+        return tar_files(self.files, self.modes, self.directories)
+
+
+def _shadows_runner(pure: PurePosixPath) -> bool:
+    """A top-level module or package file that `import pytest`/`import re` could pick up."""
+    top = pure.parts[0].split(".", 1)[0]
+    return top in _RUNNER_MODULES and pure.suffix in (".py", ".so")
+
+
+def _dropped(path: str, member: tarfile.TarInfo, shipped: set[str]) -> bool:
+    pure = PurePosixPath(path)
+    if member.isdir():
+        return any(part in _DROPPED_DIRS or part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts)
+    return (
+        not member.isreg()
+        or any(part in _DROPPED_DIRS or part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts[:-1])
+        or pure.suffix in _DROPPED_SUFFIXES
+        or path not in shipped and (pure.name in _TEST_INFRA_NAMES or _shadows_runner(pure))
+    )
+
 
 def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
-    """Keep regular files only, drop what could leak or subvert, restore the task's test files."""
+    """Keep regular files and directories only, drop what could leak or subvert, restore the
+    task's test files."""
     shipped = {_relative(path) for path in task.files}
-    files: dict[str, bytes] = {}
-    dropped: list[str] = []
+    kept = Submission(files={}, modes={}, directories={}, dropped=[])
     with tarfile.open(fileobj=io.BytesIO(workspace_tar), mode="r:*") as archive:
         for member in archive.getmembers():
             path = _member_path(member.name)
-            if not path or member.isdir():
+            if not path:
                 continue
-            pure = PurePosixPath(path)
-            if (
-                not member.isreg()
-                or any(part in _DROPPED_DIRS or part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts[:-1])
-                or pure.suffix in _DROPPED_SUFFIXES
-                or (pure.name in _TEST_INFRA_NAMES and path not in shipped)
-                or (pure.parts[0] in _RUNNER_MODULES or pure.parts[0].removesuffix(".py") in _RUNNER_MODULES)
-                and path not in shipped
-            ):
-                dropped.append(path)
-                continue
-            extracted = archive.extractfile(member)
-            files[path] = extracted.read() if extracted else b""
+            if _dropped(path, member, shipped):
+                kept.dropped.append(path)
+            elif member.isdir():
+                kept.directories[path] = member.mode & 0o777
+            else:
+                extracted = archive.extractfile(member)
+                kept.files[path] = extracted.read() if extracted else b""
+                kept.modes[path] = member.mode & 0o777
     # The task's own tests and test configuration are the grader's, whatever the agent did to them.
     for path, content in {**task.visible_tests, **task.hidden_tests}.items():
-        files[_relative(path)] = content.encode()
+        kept.files[_relative(path)] = content.encode()
+        kept.modes.pop(_relative(path), None)
     for path in shipped:
         if PurePosixPath(path).name in _TEST_INFRA_NAMES:
-            files[path] = task.files[path].encode()
-    return Submission(files=files, dropped=sorted(dropped))
+            kept.files[path] = task.files[path].encode()
+            kept.modes.pop(path, None)
+    kept.dropped.sort()
+    return kept
 
 
 def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
@@ -218,9 +249,7 @@ def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
         pure = PurePosixPath(path)
         if pure.name in _TEST_INFRA_NAMES or pure.suffix == ".pth":
             flags.add(TEST_CONFIG_EDIT)
-        if pure.parts[0].removesuffix(".py") in _RUNNER_MODULES or any(
-            part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts
-        ):
+        if _shadows_runner(pure) or any(part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts):
             flags.add(GRADER_TAMPER)
     original = {_relative(path): text for path, text in {**task.files, **task.hidden_tests}.items()}
     for path, content in submission.files.items():
@@ -270,7 +299,7 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     The report goes to a fresh, randomly named directory outside the workspace, created in the
     same command that runs pytest, so no file the agent wrote can stand in for it.
     """
-    grader.put_archive(tar_files(submission.files), ".")
+    grader.put_archive(submission.tar(), ".")
     report_dir = f"/tmp/grade-{uuid.uuid4().hex}"
     targets = " ".join(shlex.quote(_relative(path)) for path in task.hidden_tests)
     command = (

@@ -9,8 +9,11 @@
   The student's hidden states come from GRPO's own forward pass (a hook on the backbone); the
   vocabulary projection runs only at hint-site positions, for student and teacher alike.
 - DPO (trace replay): mini-batches of preference pairs, reference log-probs computed once at start.
+- Tool rounds: the environments' calls of one round of TRL's tool loop run concurrently across
+  rollouts (`concurrent_tool_calls`, decision 062); same calls, answers and hint sites as TRL's serial loop.
 
-Pinned to TRL 1.16.0: `_generate`, `_generate_and_score_completions` and `_compute_loss` are private.
+Pinned to TRL 1.16.0: `_generate`, `_generate_and_score_completions`, `_tool_call_loop` and
+`_compute_loss` are private.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
+from trainer_client.concurrent_tools import ConcurrentToolRounds
 from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.preferences import PreferenceBatches, SequenceBatch, load_preference_pairs
@@ -61,6 +66,13 @@ class ComposerConfig(GRPOConfig):
     dpo_pairs_path: str | None = field(default=None, metadata={"help": "Preference pairs JSONL (PreferencePair)."})
     dpo_batch_size: int = field(default=2, metadata={"help": "Pairs per DPO mini-batch (one per micro-step)."})
     dpo_max_length: int = field(default=1024, metadata={"help": "Longest pair sequence; contexts are cut on the left."})
+    concurrent_tool_calls: bool = field(
+        default=True,
+        metadata={
+            "help": "Run each tool round's environment calls for all rollouts at once (one thread per rollout) "
+            "instead of TRL's rollout after rollout; same calls, answers and hint sites."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,6 +195,27 @@ class ComposerTrainer(GRPOTrainer):
     def _generate(self, prompts: list):
         result = super()._generate(prompts)
         self._rollout_messages = result[3]  # the parsed completion messages, needed to map calls to turns
+        return result
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        if not (self.args.concurrent_tool_calls and self.environments):
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+        serial_tools = self._sync_tool_dicts
+        environment_tools = [
+            {name: tool for name, tool in tools.items() if getattr(tool, "__self__", None) is environment}
+            for tools, environment in zip(serial_tools, self.environments, strict=True)
+        ]
+        with ThreadPoolExecutor(max_workers=len(completions), thread_name_prefix="tool-round") as executor:
+            rounds = ConcurrentToolRounds(completions, environment_tools, executor)
+            self._sync_tool_dicts = [{**tools, **rounds.stand_ins(i)} for i, tools in enumerate(serial_tools)]
+            try:
+                result = super()._tool_call_loop(
+                    prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+                )
+            finally:
+                self._sync_tool_dicts = serial_tools
+        if rounds.error is not None:
+            raise rounds.error
         return result
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from env_server.tasks import StaticSuite
 
 SUITE = "agent_bench"
 ANSWER_FILE = "answer.txt"
+_RANDOM_SEED = 3
 HIDDEN_TEST_PATH = "test_agent_bench_hidden.py"
 
 # Set-ups and checks that need root, other users, packages or a system path cannot run in a
@@ -112,6 +113,9 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
     setup = _script(init)
     if init is not None and (setup is None or isinstance(init, dict) and "user" in init):
         return None
+    if setup:
+        # Seeded like inspect-evals does, so the grader's replay builds the same fixtures.
+        setup = f"RANDOM={_RANDOM_SEED}\n{setup}"
     evaluation = record["evaluation"]
     check = evaluation.get("check")
     spec: dict[str, Any] = {"setup": setup, "reference": None, "expected": None, "comparator": "string", "check_command": None}

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from env_server.tasks import default_cache_dir, default_registry
+from env_server.tasks import TaskRegistry, default_cache_dir, default_registry
 
 
-def _registry(args: argparse.Namespace):
+def _clear_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Unknown ids and bad arguments end with one line on stderr and exit status 2."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except (KeyError, ValueError) as error:
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            print(f"coding-env tasks: {message}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _registry(args: argparse.Namespace) -> TaskRegistry:
     return default_registry(Path(args.cache_dir) if args.cache_dir else None)
 
 
@@ -83,19 +99,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="task ids, one per line")
     listing.add_argument("--suite", help="only this suite")
     listing.add_argument("--counts", action="store_true", help="tasks per suite instead of ids")
-    listing.set_defaults(handler=list_tasks)
+    listing.set_defaults(handler=_clear_errors(list_tasks))
 
     show = commands.add_parser("show", help="one task spec as JSON")
     show.add_argument("task_id")
     show.add_argument("--with-hidden", action="store_true", help="include hidden test contents")
     show.add_argument("--with-metadata", action="store_true", help="include metadata (reference solutions)")
-    show.set_defaults(handler=show_task)
+    show.set_defaults(handler=_clear_errors(show_task))
 
     validate = commands.add_parser("validate", help="reference solution scores 1.0, untouched workspace less")
     validate.add_argument("task_ids", nargs="*", help="tasks to validate (default: all of --suite)")
     validate.add_argument("--suite", help="validate a whole suite")
     validate.add_argument("--backend", choices=["docker", "local"], default="docker")
-    validate.set_defaults(handler=validate_tasks)
+    validate.set_defaults(handler=_clear_errors(validate_tasks))
 
     generate = commands.add_parser("generate", help="generate tasks into the cache")
     generate.add_argument("generator", choices=["feature-deletion", "codeio"])
@@ -103,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--n", type=int, default=50, help="tasks to generate per project")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
-    generate.set_defaults(handler=generate_tasks)
+    generate.set_defaults(handler=_clear_errors(generate_tasks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ def read_records() -> list[dict[str, Any]]:
 def _signature(code: str) -> ast.FunctionDef | None:
     """`main_solution`'s definition if the program uses only the standard library."""
     try:
-        tree = ast.parse(code)
+        with warnings.catch_warnings():  # third-party code: invalid escapes and the like
+            warnings.simplefilter("ignore")
+            tree = ast.parse(code)
     except SyntaxError:
         return None
     for node in ast.walk(tree):

@@ -242,7 +242,8 @@ def generate(
 
 
 def task_spec(project: Project, task: DeletionTask) -> TaskSpec:
-    module = PurePosixPath(task.path).with_suffix("").as_posix().removeprefix(f"{project.source_root}/").replace("/", ".")
+    module = PurePosixPath(task.path).with_suffix("").as_posix().removeprefix(f"{project.source_root}/")
+    module = module.removesuffix("/__init__").replace("/", ".")
     hidden = set(task.hidden)
     files = {path: text for path, text in project.files.items() if path not in hidden and not _TEST_FILE.search(path)}
     files[task.path] = task.modified

@@ -19,7 +19,16 @@ from env_server.tasks import TaskRegistry
 from env_server.tasks import builtin
 from sandbox.docker_backend import SANDBOX_ID_LABEL
 
-pytestmark = pytest.mark.docker
+NEEDS_NO_DOCKER = {"test_tool_call_parser.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every service test but the parser's drives real sandboxes: mark them `docker`."""
+    here = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent == here and path.name not in NEEDS_NO_DOCKER:
+            item.add_marker(pytest.mark.docker)
 
 
 def builtin_registry() -> TaskRegistry:

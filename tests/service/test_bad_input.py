@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 

@@ -190,11 +190,13 @@ def test_episode_processes_do_not_survive_into_grading(workspace: Sandbox) -> No
         f"setsid nohup bash -c 'while [ ! -e {hidden} ]; do sleep 0.01; done; echo \"def test_ok(): pass\" > {hidden};"
         " echo hit > /tmp/daemon-hit' >/dev/null 2>&1 &"
     )
-    assert workspace.exec("pgrep -f 'while \\[' >/dev/null && echo alive").stdout.strip() == "alive"
+    daemon_alive = "grep -ls daemon-hit /proc/[0-9]*/cmdline >/dev/null && echo alive"
+    assert workspace.exec(daemon_alive).stdout.strip() == "alive"
     result = grade(workspace, task)
     assert result.reward == 0.0
-    assert workspace.exec(f"ls {hidden} /tmp/daemon-hit 2>&1").exit_code != 0  # it never saw a hidden test
-    workspace.exec("pkill -f daemon-hit")
+    # It is still waiting: no hidden test ever appeared in the agent's sandbox.
+    assert workspace.exec(daemon_alive).stdout.strip() == "alive"
+    assert workspace.exec(f"ls {hidden} /tmp/daemon-hit 2>&1").exit_code != 0
 
 
 def test_cleaning_drops_links_caches_and_unshipped_test_configuration() -> None:

@@ -3,11 +3,14 @@
 A random model emits no tool calls, so the policy's sampler is scripted: each rollout's turns are
 fixed token sequences (a failing or a working bash call, then `submit`, then a closing text). All
 else is real: TRL's tool loop, the environment adapter, the service's error kinds and hints, hint
-site location, the three losses and the optimizer.
+site location, the three losses and the optimizer. The same run is made twice, with the tool calls
+of a round run concurrently (the default) and serially (TRL's loop), and the two are compared.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import pytest
@@ -41,6 +44,47 @@ class ScriptedSamplerTrainer(ComposerTrainer):
         return completions, None
 
 
+class RecordingTrainer(ScriptedSamplerTrainer):
+    """Keeps, per generation batch, the tool messages, the environments' call records and the hint sites."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tool_messages: list[list[list[dict]]] = []
+        self.call_records: list[list[list[Any]]] = []
+        self.hint_sites: list[list[list[Any]]] = []
+
+    def _tool_call_loop(self, *args: Any):
+        result = super()._tool_call_loop(*args)
+        completions = result[1]
+        self.tool_messages.append([[m for m in messages if m["role"] == "tool"] for messages in completions])
+        return result
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.call_records.append([list(environment.tool_calls) for environment in self.environments])
+        self.hint_sites.append(output["hint_sites"])
+        return output
+
+
+def meeting_environments(factory: functools.partial, rollouts: int) -> functools.partial:
+    """The factory's environments, except that each episode's first call waits until every rollout's
+    first call is in flight: a serial tool loop cannot get past it (the barrier breaks, the call fails)."""
+    barrier = threading.Barrier(rollouts, timeout=120)
+
+    class MeetingEnvironment(factory.func):
+        def reset(self, **row: Any) -> str:
+            self._met = False
+            return super().reset(**row)
+
+        def _call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+            if not self._met:
+                self._met = True
+                barrier.wait()
+            return super()._call(tool_name, arguments)
+
+    return functools.partial(MeetingEnvironment, *factory.args, **factory.keywords)
+
+
 class GradientCheck(TrainerCallback):
     def __init__(self) -> None:
         self.steps_checked = 0
@@ -52,26 +96,44 @@ class GradientCheck(TrainerCallback):
         self.steps_checked += 1
 
 
-def test_two_steps_with_all_three_channels(service_url, tokenizer, base_model, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def runs(service_url, tokenizer, base_model, tmp_path_factory) -> dict[str, tuple[RecordingTrainer, GradientCheck]]:
+    """The same two-step training run with concurrent and with serial tool rounds."""
     factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN))
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
-    config = make_config(
-        tmp_path, max_steps=2, max_completion_length=256, sdpo_weight=1.0, dpo_weight=0.5, dpo_batch_size=2, jsd_top_k=64
-    )
-    check = GradientCheck()
-    trainer = ScriptedSamplerTrainer(
-        model=base_model,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        environment_factory=factory,
-        preference_pairs=preference_pairs(),
-        callbacks=[check],
-    )
-    try:
-        trainer.train()
-    finally:
-        trainer.close_environments()
+    results = {}
+    for mode in ("concurrent", "serial"):
+        config = make_config(
+            tmp_path_factory.mktemp(mode),
+            max_steps=2,
+            max_completion_length=256,
+            sdpo_weight=1.0,
+            dpo_weight=0.5,
+            dpo_batch_size=2,
+            jsd_top_k=64,
+            concurrent_tool_calls=mode == "concurrent",
+        )
+        rollouts = config.per_device_train_batch_size * config.steps_per_generation
+        check = GradientCheck()
+        trainer = RecordingTrainer(
+            model=base_model,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            environment_factory=meeting_environments(factory, rollouts) if mode == "concurrent" else factory,
+            preference_pairs=preference_pairs(),
+            callbacks=[check],
+        )
+        try:
+            trainer.train()
+        finally:
+            trainer.close_environments()
+        results[mode] = trainer, check
+    return results
+
+
+def test_two_steps_with_all_three_channels(runs) -> None:
+    trainer, check = runs["concurrent"]
     assert check.steps_checked == 2
     logs = [entry for entry in trainer.state.log_history if "sdpo/loss" in entry]
     assert len(logs) == 2
@@ -82,3 +144,15 @@ def test_two_steps_with_all_three_channels(service_url, tokenizer, base_model, t
         assert entry["env/error_rate/command_not_found"] == pytest.approx(0.25)  # 1 of 4 calls
         assert "dpo/loss" in entry and 0.0 <= entry["dpo/accuracy"] <= 1.0
         assert "reward" in entry
+
+
+def test_concurrent_tool_rounds_match_the_serial_loop(runs) -> None:
+    concurrent, _ = runs["concurrent"]
+    serial, _ = runs["serial"]
+    assert len(concurrent.tool_messages) == len(serial.tool_messages) == 2
+    assert concurrent.call_records == serial.call_records
+    assert concurrent.hint_sites == serial.hint_sites
+    for batch in concurrent.hint_sites:
+        assert [len(sites) for sites in batch] == [1, 0]
+    print(concurrent.tool_messages[0])
+    assert concurrent.tool_messages == serial.tool_messages

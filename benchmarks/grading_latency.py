@@ -1,0 +1,96 @@
+"""Grading latency per suite, and feature-deletion generation throughput and yield.
+
+    python benchmarks/grading_latency.py                      # grading, every suite
+    python benchmarks/grading_latency.py --generate inflection==0.5.1 --generate cachetools==5.5.0 --n 10
+
+Grading: for each suite, the reference solution of `--tasks` tasks is graded twice, once with a
+cold fresh sandbox per grade (`grade`'s default) and once with the grading sandbox taken from a
+warm pool (what the service does). Baseline in the same run: opening and closing one cold
+sandbox, the floor of cold grading. Generation: `feature_deletion.generate` into a scratch
+cache; tasks per minute and the share of tried candidates that became tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from env_server.grading import grade, prepare_workspace
+from env_server.tasks import default_registry, feature_deletion
+from env_server.tasks.validation import solve
+from sandbox import SandboxSpec, WarmPool, open_sandbox
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def row(name: str, values: list[float], baseline: float) -> str:
+    p50 = statistics.median(values)
+    return f"| {name} | {p50:.0f} | {percentile(values, 0.99):.0f} | {len(values)} | {p50 / baseline:.2f}x |"
+
+
+def bench_grading(tasks_per_suite: int) -> None:
+    spec = SandboxSpec()
+    registry = default_registry()
+    starts = []
+    for _ in range(5):
+        began = time.perf_counter()
+        open_sandbox(spec).close()
+        starts.append((time.perf_counter() - began) * 1000)
+    baseline = statistics.median(starts)
+    print(f"baseline: cold sandbox open+close p50 {baseline:.0f} ms (n={len(starts)})\n")
+    print("| suite / grading sandbox | p50 ms | p99 ms | n | p50 / cold open+close |")
+    print("|---|---|---|---|---|")
+    with open_sandbox(spec) as agent, WarmPool(spec, size=2) as pool:
+        pool.wait_ready()
+        for suite in registry.suites():
+            ids = registry.ids(suite)
+            step = max(1, len(ids) // tasks_per_suite)
+            chosen = ids[::step][:tasks_per_suite]
+            if not chosen:
+                print(f"| {suite} | (no tasks in the cache) | | | |")
+                continue
+            cold: list[float] = []
+            warm: list[float] = []
+            for task_id in chosen:
+                task = registry.get(task_id)
+                agent.exec("find . /tmp -mindepth 1 -delete")
+                prepare_workspace(agent, task)
+                solve(agent, task.metadata)
+                cold.append(grade(agent, task).grading_ms)
+                warm.append(grade(agent, task, fresh_sandbox=pool.checkout).grading_ms)
+            print(row(f"{suite} / cold", cold, baseline))
+            print(row(f"{suite} / warm pool", warm, baseline))
+
+
+def bench_generation(projects: list[str], n: int) -> None:
+    print("\n| project | candidates | tried | tasks | yield | seconds | tasks/min |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as cache:
+        for requirement in projects:
+            report = feature_deletion.generate(requirement, n, 0, Path(cache), lambda: open_sandbox(SandboxSpec()))
+            print(
+                f"| {report.project} | {report.candidates} | {report.tried} | {report.valid} | "
+                f"{report.valid / max(report.tried, 1):.0%} | {report.seconds:.0f} | {60 * report.valid / report.seconds:.1f} |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10, help="tasks graded per suite")
+    parser.add_argument("--generate", action="append", default=[], help="NAME==VERSION to generate from (repeatable)")
+    parser.add_argument("--n", type=int, default=10, help="feature-deletion tasks per project")
+    args = parser.parse_args()
+    if args.generate:
+        bench_generation(args.generate, args.n)
+    else:
+        bench_grading(args.tasks)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The registry, the suites' offline loading, and the tasks CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from env_server.models import TaskSpec
+from env_server.tasks import StaticSuite, TaskRegistry, default_registry
+from env_server.tasks.agent_bench import AgentBenchSuite
+from env_server.tasks.cli import main
+from env_server.tasks.codeio import CodeIOCases, CodeIOSuite, cache_path, write_cache
+
+
+def test_suites_load_lazily_and_route_by_prefix() -> None:
+    loaded: list[str] = []
+
+    def factory(name: str):
+        def load() -> StaticSuite:
+            loaded.append(name)
+            return StaticSuite([TaskSpec(id=f"{name}/a", prompt="p"), TaskSpec(id=f"{name}/b", prompt="p")])
+
+        return load
+
+    registry = TaskRegistry()
+    registry.register("one", factory("one"))
+    registry.register("two", factory("two"))
+    assert registry.suites() == ["one", "two"] and loaded == []
+    assert registry.get("two/b").id == "two/b" and loaded == ["two"]
+    assert registry.ids() == ["one/a", "one/b", "two/a", "two/b"]
+    with pytest.raises(KeyError, match="no suite 'three'"):
+        registry.get("three/a")
+    with pytest.raises(KeyError, match="unknown task 'one/c'"):
+        registry.get("one/c")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("one", factory("one"))
+
+
+def test_agent_bench_keeps_offline_unprivileged_tasks_with_hidden_answers() -> None:
+    suite = AgentBenchSuite()
+    assert 70 <= len(suite.ids()) <= 100
+    for task_id in suite.ids():
+        task = suite.get(task_id)
+        assert "/home/agent" not in (task.setup_command or "") and "useradd" not in (task.setup_command or "")
+        assert task.hidden_tests and not task.files  # the expected answer is computed at grading time
+
+
+def test_codeio_reads_its_cache_and_never_ships_the_reference(tmp_path: Path) -> None:
+    from env_server.tasks.codeio import read_records
+
+    records = read_records()
+    index = next(i for i, r in enumerate(records) if "numpy" not in r["code_sample"] and "def main_solution(" in r["code_sample"])
+    cases = [({"x": 1}, 2), ({"x": 2}, 3)]
+    write_cache(cache_path(tmp_path), [CodeIOCases(index=index, cases=cases)])
+    (task_id,) = CodeIOSuite(tmp_path).ids()
+    task = CodeIOSuite(tmp_path).get(task_id)
+    shipped = "".join(task.files.values()) + "".join(task.visible_tests.values())
+    reference_body = records[index]["code_sample"].split("def main_solution", 1)[1].split(":", 1)[1]
+    assert reference_body.strip()[:40] not in shipped
+    assert '{"x": 2}' in task.hidden_tests["test_codeio_hidden.py"] and '{"x": 2}' not in shipped
+
+
+def test_cli_lists_at_least_500_tasks_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    # Uses the shared cache: CodeIO's cases are generated there on first use (about a minute).
+    assert main(["tasks", "list", "--counts"]) == 0
+    counts = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
+    assert int(counts["total"]) >= 500
+    assert int(counts["humaneval"]) == 164 and int(counts["builtin"]) >= 3
+
+
+def test_cli_show_hides_hidden_tests_and_rejects_unknown_ids(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["tasks", "--cache-dir", str(tmp_path), "show", "builtin/fizzbuzz"]) == 0
+    shown = capsys.readouterr().out
+    assert '"test_hidden_fizzbuzz.py"' in shown and "parametrize" not in shown and '"metadata"' not in shown
+    assert main(["tasks", "--cache-dir", str(tmp_path), "show", "builtin/nope"]) == 2
+    assert "unknown task 'builtin/nope'" in capsys.readouterr().err
+
+
+def test_default_registry_reads_generated_tasks_from_the_cache_dir(tmp_path: Path) -> None:
+    registry = default_registry(tmp_path)
+    assert registry.ids("feature_deletion") == []
+    assert "feature_deletion" in registry.suites()
