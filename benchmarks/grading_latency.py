@@ -5,7 +5,7 @@
 
 Grading: for each suite, the reference solution of `--tasks` tasks is graded twice, once with a
 cold fresh sandbox per grade (`grade`'s default) and once with the grading sandbox taken from a
-warm pool (what the service does). Baseline in the same run: opening and closing one cold
+warm pool whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached). Baseline in the same run: opening and closing one cold
 sandbox, the floor of cold grading. Generation: `feature_deletion.generate` into a scratch
 cache; tasks per minute and the share of tried candidates that became tasks.
 """
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from env_server.grading import grade, prepare_workspace
+from env_server.grading import grade, prepare_workspace, prewarm_grader
 from env_server.tasks import default_registry, feature_deletion
 from env_server.tasks.validation import solve
 from sandbox import SandboxSpec, WarmPool, open_sandbox
@@ -46,7 +46,7 @@ def bench_grading(tasks_per_suite: int) -> None:
     print(f"baseline: cold sandbox open+close p50 {baseline:.0f} ms (n={len(starts)})\n")
     print("| suite / grading sandbox | p50 ms | p99 ms | n | p50 / cold open+close |")
     print("|---|---|---|---|---|")
-    with open_sandbox(spec) as agent, WarmPool(spec, size=2) as pool:
+    with open_sandbox(spec) as agent, WarmPool(spec, size=2, start=lambda s: prewarm_grader(open_sandbox(s))) as pool:
         pool.wait_ready()
         for suite in registry.suites():
             ids = registry.ids(suite)
@@ -65,7 +65,7 @@ def bench_grading(tasks_per_suite: int) -> None:
                 cold.append(grade(agent, task).grading_ms)
                 warm.append(grade(agent, task, fresh_sandbox=pool.checkout).grading_ms)
             print(row(f"{suite} / cold", cold, baseline))
-            print(row(f"{suite} / warm pool", warm, baseline))
+            print(row(f"{suite} / warm pool, prewarmed", warm, baseline))
 
 
 def bench_generation(projects: list[str], n: int) -> None:

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -33,7 +34,10 @@ SERVICE_VALUE = "sandbox"
 SANDBOX_ID_LABEL = "coding-env.sandbox-id"
 CREATED_AT_LABEL = "coding-env.created-at"
 OWNER_LABEL = "coding-env.owner"
-"""`host:pid` of the process that started the container; reaping spares live owners."""
+"""`host:pid:start-ticks` of the process that started the container; reaping spares live owners.
+
+The start time tells a live owner from a new process that reuses its pid, which is the rule
+inside a restarted service container (always pid 1 on the same hostname)."""
 
 START_TIMEOUT_S = 60.0
 """Limit on container start until the supervisor answers its first ping."""
@@ -45,8 +49,20 @@ def default_client() -> docker.DockerClient:
     return docker.from_env(max_pool_size=128)
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def _process_start_ticks(pid: int) -> str | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses; fields after it are plain.
+    return stat.rpartition(")")[2].split()[19]
+
+
+def current_owner() -> str:
+    """The owner label value of containers this process starts."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
 
 
 class DockerSandbox(SupervisedSandbox):
@@ -103,7 +119,7 @@ class DockerSandbox(SupervisedSandbox):
                     SERVICE_LABEL: SERVICE_VALUE,
                     SANDBOX_ID_LABEL: self.id,
                     CREATED_AT_LABEL: f"{time.time():.3f}",
-                    OWNER_LABEL: _owner(),
+                    OWNER_LABEL: current_owner(),
                 },
                 # detach=False + stdin_open=True is what makes Docker set StdinOnce.
                 detach=False,
@@ -168,17 +184,18 @@ def _remove(api: docker.APIClient, container_id: str) -> None:
             raise
 
 
-def _owner_is_alive(owner: str) -> bool:
-    host, _, pid = owner.rpartition(":")
+def owner_is_alive(owner: str) -> bool:
+    """Whether the process named by an owner label still runs (unknown hosts count as alive)."""
+    host, pid, start_ticks = (owner.split(":") + ["", "", ""])[:3]
     if host != socket.gethostname():
         return True  # another machine's process: cannot tell, so it is not ours to reap
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
+        ticks_now = _process_start_ticks(int(pid))
+    except ValueError:
+        return True  # not a label we wrote: leave it alone
+    if ticks_now is None:
         return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+    return not start_ticks or ticks_now == start_ticks
 
 
 def reap_orphans(client: docker.DockerClient | None = None, all_owners: bool = False, older_than_s: float = 0.0) -> list[str]:
@@ -194,7 +211,7 @@ def reap_orphans(client: docker.DockerClient | None = None, all_owners: bool = F
         labels = container["Labels"]
         if now - float(labels.get(CREATED_AT_LABEL, 0)) < older_than_s:
             continue
-        if not all_owners and _owner_is_alive(labels.get(OWNER_LABEL, "")):
+        if not all_owners and owner_is_alive(labels.get(OWNER_LABEL, "")):
             continue
         _remove(api, container["Id"])
         removed.append(container["Id"])

@@ -17,7 +17,14 @@ def _leaked_sandboxes(since: float) -> list[str]:
         import docker
         import docker.errors
 
-        from sandbox.docker_backend import CREATED_AT_LABEL, OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
+        from sandbox.docker_backend import (
+            CREATED_AT_LABEL,
+            OWNER_LABEL,
+            SERVICE_LABEL,
+            SERVICE_VALUE,
+            current_owner,
+            owner_is_alive,
+        )
 
         api = docker.from_env().api
         containers = api.containers(all=True, filters={"label": f"{SERVICE_LABEL}={SERVICE_VALUE}"})
@@ -26,15 +33,11 @@ def _leaked_sandboxes(since: float) -> list[str]:
     leaked = []
     for container in containers:
         labels = container["Labels"]
-        host, _, pid = labels.get(OWNER_LABEL, "").rpartition(":")
-        if host != socket.gethostname() or float(labels.get(CREATED_AT_LABEL, 0)) < since:
+        owner = labels.get(OWNER_LABEL, "")
+        if float(labels.get(CREATED_AT_LABEL, 0)) < since:
             continue
-        if int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), 0)
-                continue  # a live process of someone else's run
-            except ProcessLookupError:
-                pass
+        if owner != current_owner() and owner_is_alive(owner):
+            continue  # a live process of someone else's run, or another host's
         try:
             # Auto-removal of a stopped container may still be under way; give it its event.
             if container["State"] != "running":

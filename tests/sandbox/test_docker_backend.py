@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -78,19 +79,27 @@ def test_a_killed_caller_leaves_no_container() -> None:
 def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: DockerSandbox) -> None:
     api = default_client().api
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True).stdout.strip()
-    orphan = api.create_container(
-        SPEC.image,
-        command=["sleep", "1000"],
-        labels={SERVICE_LABEL: "sandbox", OWNER_LABEL: f"{socket.gethostname()}:{dead_pid}", CREATED_AT_LABEL: "0"},
-        host_config=api.create_host_config(network_mode="none", auto_remove=True),
-    )["Id"]
-    api.start(orphan)
+    host = socket.gethostname()
+    # A dead pid, and a live pid whose start time differs (pid reuse; a restarted container's pid 1).
+    orphan_owners = [f"{host}:{dead_pid}:1", f"{host}:{os.getpid()}:1"]
+    orphans = [
+        api.create_container(
+            SPEC.image,
+            command=["sleep", "1000"],
+            labels={SERVICE_LABEL: "sandbox", OWNER_LABEL: owner, CREATED_AT_LABEL: "0"},
+            host_config=api.create_host_config(network_mode="none", auto_remove=True),
+        )["Id"]
+        for owner in orphan_owners
+    ]
+    for orphan in orphans:
+        api.start(orphan)
     try:
         removed = reap_orphans()
-        assert orphan in removed and _gone(orphan)
+        assert all(orphan in removed and _gone(orphan) for orphan in orphans)
         assert docker_sandbox.container_id not in removed and docker_sandbox.is_alive()
     finally:
-        try:
-            api.remove_container(orphan, force=True)
-        except docker.errors.NotFound:
-            pass
+        for orphan in orphans:
+            try:
+                api.remove_container(orphan, force=True)
+            except docker.errors.NotFound:
+                pass
