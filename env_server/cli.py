@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser = commands.add_parser("serve", help="run the HTTP/WebSocket service (settings: CODING_ENV_* variables)")
     serve_parser.add_argument("--host", help="interface to bind (default: CODING_ENV_HOST or 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, help="TCP port (default: CODING_ENV_PORT or 8000)")
-    serve_parser.set_defaults(handler=serve)
+    serve_parser.set_defaults(func=serve)
     _mount_optional(commands)
     return parser
 
@@ -58,7 +58,7 @@ def _mount_optional(commands: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

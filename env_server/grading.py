@@ -50,6 +50,7 @@ _TAMPER = re.compile(
 STRAY_PROCESS = "grading_stray_process"
 """Flag: a process other than the test run was alive when it ended; the report is not trusted."""
 
+
 def pytest_command(import_root: str = ".") -> str:
     """How hidden tests run: `-P` keeps the workspace off `sys.path` while Python and pytest
     start, and `import_root` is appended, not prepended, so a workspace `pytest.py` or `re.py`
@@ -74,18 +75,17 @@ GRADE_ENV: dict[str, str] = {
     "PYTEST_PLUGINS": "",
 }
 
-_PREWARM = (
-    "mkdir -p /tmp/.grader-prewarm && cd /tmp/.grader-prewarm && echo 'def test_x(): pass' > test_x.py && "
-    f"PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX={{prefix}} {GRADE_COMMAND} --junitxml=r.xml test_x.py >/dev/null; "
-    "cd / && rm -rf /tmp/.grader-prewarm"
-)
-
-
 def prewarm_grader(sandbox: Sandbox) -> Sandbox:
     """Compile Python's and pytest's bytecode into the grading cache of a sandbox no agent has
     touched (a warm pool's `start` hook), so `import pytest` at grade time takes about 0.3 s
     instead of 1 s. The cache sits outside the workspace and holds no task code."""
-    sandbox.exec(_PREWARM.format(prefix=GRADE_ENV["PYTHONPYCACHEPREFIX"]), timeout_s=60)
+    scratch = "/tmp/.grader-prewarm"
+    sandbox.exec(
+        f"mkdir -p {scratch} && cd {scratch} && echo 'def test_x(): pass' > test_x.py && "
+        f"PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX={GRADE_ENV['PYTHONPYCACHEPREFIX']} "
+        f"{GRADE_COMMAND} --junitxml=r.xml test_x.py >/dev/null; cd / && rm -rf {scratch}",
+        timeout_s=60,
+    )
     return sandbox
 
 
@@ -123,7 +123,7 @@ class GradeResult(BaseModel):
     """Hidden tests that passed (skipped tests count as not passed)."""
 
     tests_total: int
-    """Hidden tests that ran, or that the task says must run, whichever is larger."""
+    """Hidden tests that ran; when the task names its `graded_test_ids`, those."""
 
     failing_tests: list[str]
     """Ids (`path::name`) of hidden tests that failed, errored or were skipped."""
@@ -299,7 +299,7 @@ def _reward(passed: int, total: int, task: TaskSpec) -> float:
     return passed / total
 
 
-class TestRun(BaseModel):
+class HiddenTestRun(BaseModel):
     """What the hidden-test run in the grading sandbox reported."""
 
     passed: list[str]
@@ -309,7 +309,7 @@ class TestRun(BaseModel):
     """A process outlived the tests (or the count is missing): the report is not trusted."""
 
 
-def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> TestRun:
+def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> HiddenTestRun:
     """Put the cleaned submission and hidden tests into `grader` and run them.
 
     The report goes to a fresh, randomly named directory outside the workspace, created in the
@@ -331,7 +331,7 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     except (FileNotFoundError, ElementTree.ParseError):
         reason = "timeout" if result.timed_out else f"exit {result.exit_code}"
         passed, failed = [], [f"<no test report: {reason}>"]
-    return TestRun(passed=passed, failed=failed, output=result.stdout + result.stderr, stray_processes=strays)
+    return HiddenTestRun(passed=passed, failed=failed, output=result.stdout + result.stderr, stray_processes=strays)
 
 
 def grade(

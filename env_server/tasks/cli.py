@@ -99,19 +99,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="task ids, one per line")
     listing.add_argument("--suite", help="only this suite")
     listing.add_argument("--counts", action="store_true", help="tasks per suite instead of ids")
-    listing.set_defaults(handler=_clear_errors(list_tasks))
+    listing.set_defaults(func=_clear_errors(list_tasks))
 
     show = commands.add_parser("show", help="one task spec as JSON")
     show.add_argument("task_id")
     show.add_argument("--with-hidden", action="store_true", help="include hidden test contents")
     show.add_argument("--with-metadata", action="store_true", help="include metadata (reference solutions)")
-    show.set_defaults(handler=_clear_errors(show_task))
+    show.set_defaults(func=_clear_errors(show_task))
 
     validate = commands.add_parser("validate", help="reference solution scores 1.0, untouched workspace less")
     validate.add_argument("task_ids", nargs="*", help="tasks to validate (default: all of --suite)")
     validate.add_argument("--suite", help="validate a whole suite")
     validate.add_argument("--backend", choices=["docker", "local"], default="docker")
-    validate.set_defaults(handler=_clear_errors(validate_tasks))
+    validate.set_defaults(func=_clear_errors(validate_tasks))
 
     generate = commands.add_parser("generate", help="generate tasks into the cache")
     generate.add_argument("generator", choices=["feature-deletion", "codeio"])
@@ -119,14 +119,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--n", type=int, default=50, help="tasks to generate per project")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
-    generate.set_defaults(handler=_clear_errors(generate_tasks))
+    generate.set_defaults(func=_clear_errors(generate_tasks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="coding-env")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.handler(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -154,5 +154,4 @@ def test_concurrent_tool_rounds_match_the_serial_loop(runs) -> None:
     assert concurrent.hint_sites == serial.hint_sites
     for batch in concurrent.hint_sites:
         assert [len(sites) for sites in batch] == [1, 0]
-    print(concurrent.tool_messages[0])
     assert concurrent.tool_messages == serial.tool_messages
