@@ -29,6 +29,14 @@ HIDDEN_TEST_PATH = "test_agent_bench_hidden.py"
 # Set-ups and checks that need root, other users, packages or a system path cannot run in a
 # read-only, unprivileged sandbox.
 _NEEDS_PRIVILEGE = re.compile(r"/root|/home/|/usr|/etc|/data\b|useradd|usermod|groupadd|sudo|chown|chgrp|\bapt")
+# Found by `coding-env tasks validate --suite agent_bench`: the answer depends on more than the
+# seeded fixtures, so the grader's replay cannot reproduce it.
+_NOT_REPRODUCIBLE = {
+    37: "counts live processes",
+    62: "sums directory sizes, which depend on the filesystem",
+    71: "fixtures come from /dev/urandom",
+    80: "counts files in the home directory, where answer.txt is written",
+}
 _COMPARATORS = {
     "check/integer-match.py": "integer",
     "check/string-match.py": "string",
@@ -107,7 +115,7 @@ def _script(value: Any) -> str | None:
 def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
     """The task for one record, or None if it cannot run offline in an unprivileged sandbox."""
     create = record.get("create", {})
-    if not isinstance(create, dict) or create.get("local", "default") != "default" or "start" in record:
+    if record["id"] in _NOT_REPRODUCIBLE or not isinstance(create, dict) or create.get("local", "default") != "default" or "start" in record:
         return None
     init = create.get("init")
     setup = _script(init)
@@ -150,7 +158,7 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
         ),
         setup_command=f"HOME=\"$PWD\" bash -c {shlex.quote(setup)}" if setup else None,
         grade_command=GRADE_COMMAND,
-    hidden_tests={HIDDEN_TEST_PATH: _HIDDEN_TEST.format(spec=spec, answer_file=ANSWER_FILE)},
+        hidden_tests={HIDDEN_TEST_PATH: _HIDDEN_TEST.format(spec=spec, answer_file=ANSWER_FILE)},
         reward_mode="binary",
         limits=TaskLimits(max_steps=20),
         metadata={"source": "inspect-evals 0.26.0 agent_bench OS test (Apache-2.0)", "record_id": record["id"],

@@ -192,7 +192,7 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
         files={"solution.py": stub},
         visible_tests={VISIBLE_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[:1]))},
         grade_command=GRADE_COMMAND,
-    hidden_tests={HIDDEN_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[1:]))},
+        hidden_tests={HIDDEN_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[1:]))},
         metadata={"source": "reasoning-gym 0.1.25 codeio (Apache-2.0)", "record_index": cached.index,
                   "difficulty": record.get("difficulty"), "solution": {"solution.py": record["code_sample"]}},
     )
@@ -210,7 +210,7 @@ def write_cache(path: Path, generated: list[CodeIOCases]) -> None:
 
 
 class CodeIOSuite(StaticSuite):
-    """Tasks from the cache; generated (about 20 s for the default count) if there is none."""
+    """Tasks from the cache; generated on first use if there is none (about a minute on 2 cores)."""
 
     def __init__(self, cache_dir: Path, n: int = DEFAULT_TASKS, seed: int = 0) -> None:
         path = cache_path(cache_dir, seed)

@@ -137,7 +137,7 @@ def candidates(project: Project) -> list[tuple[str, str, int, int]]:
     for path, text in sorted(project.files.items()):
         if not path.endswith(".py") or is_test_file(path) or PurePosixPath(path).name in ("setup.py", "versioneer.py"):
             continue
-        if PurePosixPath(path).parts[len(PurePosixPath(project.source_root).parts) if project.source_root else 0] not in project.packages:
+        if PurePosixPath(path).relative_to(project.source_root or ".").parts[0] not in project.packages:
             continue
         try:
             tree = ast.parse(text)

