@@ -79,7 +79,7 @@ def generate_tasks(args: argparse.Namespace) -> int:
     from sandbox import SandboxSpec, open_sandbox
 
     if not args.project:
-        print("feature-deletion needs --project NAME==VERSION", file=sys.stderr)
+        print("feature-deletion needs --project NAME==VERSION or a local sdist", file=sys.stderr)
         return 2
     for requirement in args.project:
         report = feature_deletion.generate(
@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     generate = commands.add_parser("generate", help="generate tasks into the cache")
     generate.add_argument("generator", choices=["feature-deletion", "codeio"])
-    generate.add_argument("--project", action="append", help="NAME==VERSION of a pure-Python sdist with tests (repeatable)")
+    generate.add_argument("--project", action="append", help="NAME==VERSION of a pure-Python sdist with tests, or a local NAME-VERSION.tar.gz (repeatable)")
     generate.add_argument("--n", type=int, default=50, help="tasks to generate per project")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")

@@ -91,16 +91,25 @@ class GenerationReport(BaseModel):
     """Wall-clock time, download and baseline run included."""
 
 
+_SDIST_SUFFIXES = (".tar.gz", ".tar.bz2", ".tgz")
+
+
 def download(requirement: str, into: Path) -> Project:
-    """Fetch `NAME==VERSION` as an sdist with pip and read its text files."""
-    name, _, version = requirement.partition("==")
-    if not name or not version:
-        raise ValueError(f"expected NAME==VERSION, got {requirement!r}")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps", "-d", str(into), requirement],
-        check=True, capture_output=True, text=True,
-    )
-    (sdist,) = [path for path in into.iterdir() if path.name.endswith((".tar.gz", ".zip", ".tar.bz2"))]
+    """Fetch `NAME==VERSION` as an sdist with pip (or take a local `NAME-VERSION.tar.gz`) and read its text files."""
+    local = Path(requirement)
+    if local.is_file() and local.name.endswith(_SDIST_SUFFIXES):
+        sdist = local
+        stem = next(local.name.removesuffix(suffix) for suffix in _SDIST_SUFFIXES if local.name.endswith(suffix))
+        name, _, version = stem.rpartition("-")
+    else:
+        name, _, version = requirement.partition("==")
+        if not name or not version:
+            raise ValueError(f"expected NAME==VERSION or a local NAME-VERSION.tar.gz, got {requirement!r}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps", "-d", str(into), requirement],
+            check=True, capture_output=True, text=True,
+        )
+        (sdist,) = [path for path in into.iterdir() if path.name.endswith(_SDIST_SUFFIXES)]
     with tarfile.open(sdist) as archive:
         archive.extractall(into / "unpacked", filter="data")
     (root,) = list((into / "unpacked").iterdir())
