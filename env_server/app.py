@@ -41,6 +41,7 @@ from env_server.environment import (
     CodingResetObservation,
     CodingState,
 )
+from env_server.grading import prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
@@ -51,7 +52,7 @@ from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
 from env_server.tools import TOOLS
 from env_server.trajectories import EpisodeLog
-from sandbox import Sandbox, WarmPool, open_sandbox
+from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,18 @@ def parse_reset(data: dict[str, Any]) -> ResetRequestBody:
         raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid reset request", exc.errors(include_url=False, include_context=False)) from exc
 
 
-def _sandbox_source(settings: ServiceSettings) -> tuple[Callable[[], Sandbox], WarmPool | None]:
-    if settings.pool_size == 0:
-        return (lambda: open_sandbox(settings.sandbox, settings.sandbox_backend)), None
-    pool = WarmPool(settings.sandbox, size=settings.pool_size, backend=settings.sandbox_backend)
+def _sandbox_source(
+    settings: ServiceSettings, size: int, prepare: Callable[[Sandbox], Sandbox] | None = None
+) -> tuple[Callable[[], Sandbox], WarmPool | None]:
+    """Where sandboxes come from: a warm pool of `size` (none when 0), each passed through `prepare`."""
+
+    def start(spec: SandboxSpec) -> Sandbox:
+        sandbox = open_sandbox(spec, settings.sandbox_backend)
+        return prepare(sandbox) if prepare else sandbox
+
+    if size == 0:
+        return (lambda: start(settings.sandbox)), None
+    pool = WarmPool(settings.sandbox, size=size, backend=settings.sandbox_backend, start=start)
     return pool.checkout, pool
 
 
@@ -149,7 +158,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         loop = asyncio.get_running_loop()
         executor = ThreadPoolExecutor(settings.executor_threads or settings.max_sessions + 8, thread_name_prefix="session")
         await loop.run_in_executor(executor, _reap_orphans, settings)
-        checkout, pool = _sandbox_source(settings)
+        checkout, pool = _sandbox_source(settings, settings.pool_size)
+        grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size, prewarm_grader)
         if pool is not None:
             metrics.track_pool(lambda: pool.ready_count)
         hints = HintGenerator(settings.hints, list(TOOLS))
@@ -158,6 +168,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         def new_environment(session_id: str | None) -> CodingEnvironment:
             return CodingEnvironment(
                 checkout=checkout,
+                grader_checkout=grader_checkout,
                 tasks=tasks,
                 hints=hints,
                 episode_log=episode_log,
@@ -179,8 +190,9 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         finally:
             reaper.cancel()
             await sessions.close_all()
-            if pool is not None:
-                await loop.run_in_executor(executor, pool.close)
+            for started in (pool, grading_pool):
+                if started is not None:
+                    await loop.run_in_executor(executor, started.close)
             hints.close()
             executor.shutdown(wait=True)
 

@@ -119,15 +119,19 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         *,
         checkout: Callable[[], Sandbox],
         tasks: TaskRegistry,
+        grader_checkout: Callable[[], Sandbox] | None = None,
         hints: HintGenerator,
         episode_log: EpisodeLog | None = None,
         session_id: str | None = None,
         retire: Callable[[Sandbox], None] = Sandbox.close,
     ) -> None:
-        """`retire` disposes of a finished episode's sandbox; the service passes one that closes it
-        in the background, so removing a container (~150 ms) is not on the path of reset or submit."""
+        """`grader_checkout` gives the fresh sandbox each submission is graded in (default:
+        `checkout`). `retire` disposes of a finished episode's sandbox; the service passes one that
+        closes it in the background, so removing a container (~150 ms) is not on the path of reset
+        or submit."""
         super().__init__()
         self._checkout = checkout
+        self._grader_checkout = grader_checkout or checkout
         self._retire = retire
         self._tasks = tasks
         self._hints = hints
@@ -167,7 +171,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             tools=TOOL_SCHEMAS,
             started_at=time.time(),
         )
-        workspace = Workspace(sandbox, spec, fresh_sandbox=self._checkout)
+        workspace = Workspace(sandbox, spec, fresh_sandbox=self._grader_checkout)
         self._episode = _Episode(spec, sandbox, workspace, record, show_hints)
         return CodingResetObservation(task_id=spec.id, prompt=spec.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
 

@@ -70,6 +70,10 @@ class ServiceSettings(BaseSettings):
     pool_size: int = Field(default=4, ge=0)
     """Started sandboxes kept ready so reset does not wait for a container start."""
 
+    grading_pool_size: int = Field(default=2, ge=0)
+    """Fresh sandboxes kept ready for grading (each submission is graded in its own, decision 040),
+    with pytest's bytecode compiled in advance outside the workspace: about 3x faster grading."""
+
     reap_orphans_on_start: bool = True
     """Remove sandboxes left behind by a predecessor that died without cleaning up."""
 
