@@ -320,8 +320,8 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     targets = " ".join(shlex.quote(_relative(path)) for path in task.hidden_tests)
     command = (
         f"mkdir -m 700 {report_dir} && {task.grade_command} -p no:cacheprovider "
-        f"--junitxml={report_dir}/report.xml -o junit_family=xunit2 {targets}; {_COUNT_STRAYS}"
-    )
+        f"--junitxml={report_dir}/report.xml -o junit_family=xunit2 {targets}; status=$?; {_COUNT_STRAYS}; exit $status"
+    )  # the exit status is the test run's, so a missing report names why pytest ended
     result = grader.exec(command, timeout_s=task.limits.grade_timeout_s, env=GRADE_ENV)
     counts = [int(found) for found in _STRAYS_LINE.findall(result.stdout)]
     strays = not counts or max(counts) > 0

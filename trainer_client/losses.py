@@ -53,7 +53,6 @@ def _reduce(values: torch.Tensor, mask: torch.Tensor | None, reduction: Reductio
 def generalized_jsd(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
-    *,
     beta: float = 0.5,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -113,7 +112,6 @@ def dpo_loss(
     policy_rejected_logps: torch.Tensor,
     reference_chosen_logps: torch.Tensor,
     reference_rejected_logps: torch.Tensor,
-    *,
     beta: float = 0.1,
     loss_type: Literal["sigmoid", "ipo"] = "sigmoid",
 ) -> DPOOutput:

@@ -6,7 +6,7 @@ an action is one assistant message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -34,7 +34,7 @@ class TraceState(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
     """Anything else: trace path, turn index, log-probs, error kinds."""
 
-    schema_version: int = TRACE_STATE_SCHEMA_VERSION
+    schema_version: Literal[1] = TRACE_STATE_SCHEMA_VERSION
     """Version of this record's layout; readers reject versions they do not know."""
 
 

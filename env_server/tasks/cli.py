@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ from env_server.tasks import TaskRegistry, default_cache_dir, default_registry
 
 
 def _clear_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Unknown ids and bad arguments end with one line on stderr and exit status 2."""
+    """Unknown ids and bad arguments end with one line on stderr and exit status 2; a closed pipe quietly."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
@@ -23,6 +24,11 @@ def _clear_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[arg
             message = error.args[0] if isinstance(error, KeyError) and error.args else error
             print(f"coding-env tasks: {message}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            # The reader left early (`tasks list | head`): that is not an error. Point stdout at
+            # /dev/null so the interpreter's final flush does not raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
     return run
 

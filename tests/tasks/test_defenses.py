@@ -160,6 +160,16 @@ def test_forged_report_files_are_not_trusted(workspace: Sandbox) -> None:
 
 
 @pytest.mark.docker
+def test_a_missing_report_names_the_test_runs_exit_status(workspace: Sandbox) -> None:
+    # A runner that dies before writing its report (here: exits 3) is reported by its own status,
+    # not by that of the stray-process count that runs after it.
+    dying = MINILIB.model_copy(update={"grade_command": "python3 -c 'import sys; sys.exit(3)'", "metadata": {}})
+    prepare_workspace(workspace, dying)
+    result = grade(workspace, dying)
+    assert (result.reward, result.failing_tests) == (0.0, ["<no test report: exit 3>"])
+
+
+@pytest.mark.docker
 def test_process_spawned_during_grading_to_rewrite_the_report_is_caught(workspace: Sandbox) -> None:
     _prepared(workspace)
     # The submission starts a detached process at import that keeps overwriting every report

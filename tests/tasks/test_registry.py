@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,14 @@ def test_default_registry_reads_generated_tasks_from_the_cache_dir(tmp_path: Pat
     registry = default_registry(tmp_path)
     assert registry.ids("feature_deletion") == []
     assert "feature_deletion" in registry.suites()
+
+
+def test_cli_list_into_a_pipe_closed_early_exits_cleanly() -> None:
+    # `coding-env tasks list | head -1`: the reader leaves after one line; no traceback, status 0.
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "env_server.tasks.cli", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert listing.stdout is not None and listing.stdout.readline()
+    listing.stdout.close()
+    assert listing.wait(timeout=120) == 0
+    assert listing.stderr is not None and listing.stderr.read() == b""

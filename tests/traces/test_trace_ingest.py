@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trace_builders import FIXTURES
 
@@ -214,3 +215,10 @@ def test_ingest_cli_writes_states_and_prints_counts(
 
     assert main(["ingest", "--format", "openhands", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "no trace file" in capsys.readouterr().err
+
+
+def test_trace_state_of_an_unknown_schema_version_is_rejected() -> None:
+    state = TraceState(state_id="s", messages=[], student_action={"role": "assistant", "content": "x"}, source="claude_code")
+    assert TraceState.model_validate_json(state.model_dump_json()) == state
+    with pytest.raises(ValidationError, match="schema_version"):
+        TraceState.model_validate({**state.model_dump(), "schema_version": TRACE_STATE_SCHEMA_VERSION + 1})

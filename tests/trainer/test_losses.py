@@ -33,6 +33,13 @@ def test_generalized_jsd_matches_hand_values(beta: float, expected: float) -> No
     assert value.item() == pytest.approx(expected, abs=1e-6)
 
 
+def test_beta_may_be_passed_positionally() -> None:
+    # the loss functions read like TRL's: (student, teacher, beta) and (four log-prob tensors, beta)
+    assert generalized_jsd(STUDENT, TEACHER, 0.0).item() == pytest.approx(0.143841, abs=1e-6)
+    one = torch.tensor([0.0])
+    assert dpo_loss(one, one, one, one, 0.5).losses.item() == pytest.approx(math.log(2), abs=1e-6)
+
+
 def test_generalized_jsd_between_ends_weights_the_mixture() -> None:
     # beta = .25: M = .25 T + .75 S = [.3125, .6875]
     # .25 (.5 ln(.5/.3125) + .5 ln(.5/.6875)) + .75 (.25 ln(.25/.3125) + .75 ln(.75/.6875))
