@@ -128,6 +128,15 @@ def _file_error(path: str, exc: OSError) -> ToolOutcome:
     return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=kind)
 
 
+def _capped(text: str, cap: int) -> ToolOutcome:
+    """A file's text as the policy sees it: over `cap` characters, head and tail are kept, as for
+    command output (a multi-megabyte file would otherwise flood the context and the response)."""
+    if len(text) <= cap:
+        return ToolOutcome(text)
+    half = cap // 2
+    return ToolOutcome(f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}", truncated=True)
+
+
 def _written(path: str, content: str, verb: str) -> ToolOutcome:
     error = _python_syntax_error(path, content)
     if error:
@@ -160,10 +169,11 @@ def read_file(
         text = ws.sandbox.read_file(path).decode("utf-8", errors="replace")
     except OSError as exc:
         return _file_error(path, exc)
+    cap = ws.sandbox.spec.output_cap_bytes
     if start_line is None and end_line is None:
-        return ToolOutcome(text)
+        return _capped(text, cap)
     lines = text.splitlines(keepends=True)
-    return ToolOutcome("".join(lines[(start_line or 1) - 1 : end_line]))
+    return _capped("".join(lines[(start_line or 1) - 1 : end_line]), cap)
 
 
 @tool

@@ -49,6 +49,16 @@ def test_oversized_body_is_413(client: httpx.Client, session: HttpSession) -> No
     assert client.get("/health").status_code == 200
 
 
+def test_reading_a_huge_file_is_capped_like_command_output(session: HttpSession) -> None:
+    session.reset(task_id="builtin/fizzbuzz")
+    session.step("bash", {"command": "python3 -c \"open('big.txt', 'w').write('head\\n' + 'x' * 5000000 + '\\ntail\\n')\""})
+    observation = session.step("read_file", {"path": "big.txt"})["observation"]
+    assert observation["truncated"] is True and observation["error_kind"] is None
+    assert len(observation["output"]) < 70 * 1024
+    assert observation["output"].startswith("head\n") and observation["output"].endswith("tail\n")
+    assert "characters truncated" in observation["output"]
+
+
 def test_schemathesis_finds_no_server_errors(base_url: str) -> None:
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     for result in schema.get_all_operations():

@@ -86,11 +86,12 @@ def test_default_registry_reads_generated_tasks_from_the_cache_dir(tmp_path: Pat
 
 
 def test_cli_list_into_a_pipe_closed_early_exits_cleanly() -> None:
-    # `coding-env tasks list | head -1`: the reader leaves after one line; no traceback, status 0.
+    # `coding-env tasks list | head -1`: the reader is gone before the listing is written (closed
+    # here before the child starts writing, so every write fails); no traceback, status 0.
     listing = subprocess.Popen(
-        [sys.executable, "-m", "env_server.tasks.cli", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "env_server.tasks.cli", "tasks", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    assert listing.stdout is not None and listing.stdout.readline()
+    assert listing.stdout is not None
     listing.stdout.close()
     assert listing.wait(timeout=120) == 0
     assert listing.stderr is not None and listing.stderr.read() == b""
