@@ -104,6 +104,9 @@ class Service:
             self.metrics.error_kinds.labels(observation.error_kind.value).inc()
             if observation.error_kind.value == "sandbox_error":
                 self.metrics.sandbox_failures.inc()
+        if not observation.done:
+            for flag in observation.metadata.get("monitor_flags", ()):
+                self.metrics.monitor_flags.labels(flag).inc()
         if observation.done and observation.reward is not None:
             self.metrics.episodes_graded.inc()
             self.metrics.rewards.observe(observation.reward)

@@ -186,6 +186,8 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         outcome = call.error or self._run(call, episode)
         if not outcome.done and len(episode.record.steps) + 1 >= episode.task.limits.max_steps:
             outcome = self._grade_at_step_limit(outcome, episode)
+        if flags and not outcome.done:
+            outcome.metadata["monitor_flags"] = flags  # at grading, the key holds the whole episode's flags
         kind = episode.streak.observe(outcome.error_kind)
         if kind is ErrorKind.REPEATED_FAILURE:
             outcome.metadata["underlying_error_kind"] = outcome.error_kind.value

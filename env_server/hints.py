@@ -36,7 +36,7 @@ TEMPLATES: dict[ErrorKind, str] = {
     ErrorKind.TIMEOUT: "The command ran out of time. Look for an infinite loop or a blocking read, or run something smaller.",
     ErrorKind.OOM: "The command ran out of memory. Process the data in smaller pieces instead of loading it all at once.",
     ErrorKind.TEST_FAILURE: "Some tests fail. Read the first failing assertion, fix the code it points to, then run the tests again.",
-    ErrorKind.REPEATED_FAILURE: "This is the third {underlying} in a row. Stop repeating the same approach: re-read the task and the last error, then try something different.",
+    ErrorKind.REPEATED_FAILURE: "The same error ({underlying}) three or more times in a row. Stop repeating the same approach: re-read the task and the last error, then try something different.",
     ErrorKind.SANDBOX_ERROR: "The sandbox failed; this is not your fault. The episode has to be restarted.",
 }
 

@@ -25,6 +25,9 @@ class ServiceMetrics:
         self.sandbox_failures = Counter(
             "coding_env_sandbox_failures", "Sandboxes that failed to start or died under a session.", registry=self.registry
         )
+        self.monitor_flags = Counter(
+            "coding_env_monitor_flags", "Tool calls the reward-hacking monitor flagged, by flag.", ["flag"], registry=self.registry
+        )
         self.episodes_graded = Counter("coding_env_episodes_graded", "Episodes that ended with a grade.", registry=self.registry)
         self.rewards = Histogram(
             "coding_env_reward", "Rewards of graded episodes.", buckets=(0.0, 0.25, 0.5, 0.75, 0.999, 1.0), registry=self.registry

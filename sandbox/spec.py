@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 DEFAULT_IMAGE = "coding-env-sandbox:latest"
 
@@ -72,7 +72,7 @@ class SandboxSpec(BaseModel):
     user: str = "1000:1000"
     """uid:gid that commands run as; never root."""
 
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("env", "environment"))
     """Extra environment variables for every command."""
 
     host_paths: tuple[str, ...] = ()

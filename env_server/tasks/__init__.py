@@ -61,7 +61,11 @@ class TaskRegistry:
         return sorted(self._factories)
 
     def suite(self, name: str) -> TaskSuite:
-        """The loaded suite; KeyError if no suite has this name."""
+        """The loaded suite; KeyError if no suite has this name.
+
+        `feature-deletion` names the `feature_deletion` suite: generators are spelled with
+        hyphens on the command line, suites with underscores in task ids."""
+        name = name.replace("-", "_")
         if name not in self._loaded:
             if name not in self._factories:
                 raise KeyError(f"unknown task suite {name!r}; known: {', '.join(self.suites())}")

@@ -176,6 +176,17 @@ def test_metrics_count_steps_kinds_and_grades(client: httpx.Client, session: Htt
         assert needle in text, needle
 
 
+def test_monitor_flags_reach_the_observation_and_metrics(client: httpx.Client, session: HttpSession) -> None:
+    session.reset(task_id="builtin/fizzbuzz")
+    flagged = session.step("bash", {"command": "find / -name '*.pyc' | head"})
+    assert flagged["observation"]["metadata"]["monitor_flags"] == ["bytecode_read"]
+    clean = session.step("bash", {"command": "ls"})
+    assert "monitor_flags" not in clean["observation"]["metadata"]
+    assert 'coding_env_monitor_flags_total{flag="bytecode_read"}' in client.get("/metrics").text
+    graded = session.step("submit")
+    assert graded["observation"]["metadata"]["monitor_flags"] == ["bytecode_read"]
+
+
 def test_tasks_are_paged(client: httpx.Client) -> None:
     page = client.get("/tasks", params={"limit": 2, "offset": 1}).json()
     assert page["total"] >= 4 and len(page["task_ids"]) == 2 and page["offset"] == 1

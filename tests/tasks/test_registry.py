@@ -39,6 +39,12 @@ def test_suites_load_lazily_and_route_by_prefix() -> None:
         registry.register("one", factory("one"))
 
 
+def test_a_suite_may_be_named_with_hyphens_as_its_generator_is() -> None:
+    registry = TaskRegistry()
+    registry.register("feature_deletion", lambda: StaticSuite([TaskSpec(id="feature_deletion/x", prompt="p")]))
+    assert registry.ids("feature-deletion") == registry.ids("feature_deletion") == ["feature_deletion/x"]
+
+
 def test_agent_bench_keeps_offline_unprivileged_tasks_with_hidden_answers() -> None:
     suite = AgentBenchSuite()
     assert 70 <= len(suite.ids()) <= 100
