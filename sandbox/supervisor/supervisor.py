@@ -230,7 +230,12 @@ class Supervisor:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = True
-                    kill_group(proc.pid)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    # Reap the leader before waiting on the group: as our child it stays a
+                    # zombie until then, and a zombie leader keeps the group alive to killpg.
                     proc.wait()
                     break
                 read_ready(remaining)
