@@ -115,12 +115,15 @@ def concurrency(backend: str, sandboxes: int, execs_each: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["docker", "local"], default="docker")
+    parser.add_argument("--runtime", choices=["runc", "runsc"], default="runc", help="OCI runtime (Docker backend; runsc = gVisor)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     args = parser.parse_args()
+    global SPEC
+    SPEC = SPEC.model_copy(update={"runtime": args.runtime})
     n = 20 if args.quick else 200
     payload = bytes(range(256)) * 400  # 100 KiB
 
-    print(f"backend: {args.backend}")
+    print(f"backend: {args.backend}, runtime: {args.runtime}")
     print("| measurement | p50 ms | p99 ms | n | exec_run p50 ms | exec_run p99 ms | speed-up |")
     print("|---|---|---|---|---|---|---|")
     print(row("cold start (create until first exec possible)", cold_start(args.backend, max(10, n // 10))))

@@ -208,8 +208,12 @@ class Supervisor:
         selector = selectors.DefaultSelector()
         for fd in outputs:
             selector.register(fd, selectors.EVENT_READ)
-        pidfd = os.pidfd_open(proc.pid)
-        selector.register(pidfd, selectors.EVENT_READ)
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            selector.register(pidfd, selectors.EVENT_READ)
+            poll_s = None
+        except OSError:  # no pidfd (gVisor, kernels before 5.3): notice the leader's exit by polling,
+            pidfd, poll_s = None, 0.0005  # often at first (most commands are short), then backing off
         deadline = time.monotonic() + timeout_s
         timed_out = False
 
@@ -238,16 +242,22 @@ class Supervisor:
                     # zombie until then, and a zombie leader keeps the group alive to killpg.
                     proc.wait()
                     break
-                read_ready(remaining)
+                if poll_s is None:
+                    read_ready(remaining)
+                else:
+                    read_ready(min(remaining, poll_s))
+                    poll_s = min(poll_s * 2, 0.05)
             kill_group(proc.pid)
-            selector.unregister(pidfd)
+            if pidfd is not None:
+                selector.unregister(pidfd)
             # What the group wrote before it died is still in the pipes; a writer that escaped
             # the group (setsid) may hold them open, so read only what is there now.
             while len(selector.get_map()) and read_ready(0):
                 pass
         finally:
             selector.close()
-            os.close(pidfd)
+            if pidfd is not None:
+                os.close(pidfd)
             proc.stdout.close()
             proc.stderr.close()
         return stdout, stderr, timed_out
