@@ -128,7 +128,12 @@ class ComposerTrainer(GRPOTrainer):
         self._rollout_messages: list[list[dict[str, Any]]] = []
         self._ema_teacher: torch.nn.Module | None = None
         if config.sdpo_weight > 0 and config.sdpo_teacher == "ema":
-            self._ema_teacher = copy.deepcopy(self._causal_lm(self.model)).eval().requires_grad_(False)
+            teacher = copy.deepcopy(self._causal_lm(self.model))
+            # TRL patches `forward` on instances with closures over the policy's own modules (fused LM head,
+            # fp32 LM head); a deep copy keeps the closures and would run the policy, so restore the classes'.
+            for module in teacher.modules():
+                vars(module).pop("forward", None)
+            self._ema_teacher = teacher.eval().requires_grad_(False)
             self.add_callback(_EmaTeacherUpdate(self))
         if config.sdpo_weight > 0 and config.sdpo_teacher == "base" and not is_peft_model(self.model):
             raise ValueError("sdpo_teacher='base' needs a PEFT model (the base is the model with its adapter off)")
