@@ -11,6 +11,7 @@
 - DPO (trace replay): mini-batches of preference pairs, reference log-probs computed once at start.
 - Tool rounds: the environments' calls of one round of TRL's tool loop run concurrently across
   rollouts (`concurrent_tool_calls`, decision 062); same calls, answers and hint sites as TRL's serial loop.
+  Likewise the environments' `reset`s of a batch (`concurrent_resets`).
 
 Pinned to TRL 1.16.0: `_generate`, `_generate_and_score_completions`, `_tool_call_loop` and
 `_compute_loss` are private.
@@ -33,6 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
+from trainer_client.concurrent_resets import ConcurrentResets
 from trainer_client.concurrent_tools import ConcurrentToolRounds
 from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence
 from trainer_client.losses import dpo_loss, generalized_jsd
@@ -71,6 +73,13 @@ class ComposerConfig(GRPOConfig):
         metadata={
             "help": "Run each tool round's environment calls for all rollouts at once (one thread per rollout) "
             "instead of TRL's rollout after rollout; same calls, answers and hint sites."
+        },
+    )
+    concurrent_resets: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the environments' `reset`s of a generation batch at once (one thread per rollout) "
+            "instead of TRL's rollout after rollout; same prompts, and the first failing rollout's error."
         },
     )
 
@@ -124,6 +133,9 @@ class ComposerTrainer(GRPOTrainer):
         config: ComposerConfig = self.args
         if not isinstance(config, ComposerConfig):
             raise TypeError("ComposerTrainer needs a ComposerConfig as `args`")
+        self._resets: ConcurrentResets | None = None
+        if config.concurrent_resets and self.environment_factories is not None:
+            self._install_concurrent_resets()
         self._hint_template = HintTemplate(self._tokenizer, chat_template=self.chat_template, role=config.hint_role)
         self._rollout_messages: list[list[dict[str, Any]]] = []
         self._ema_teacher: torch.nn.Module | None = None
@@ -160,6 +172,16 @@ class ComposerTrainer(GRPOTrainer):
                 close = getattr(environment, "_close", None)
                 if close is not None:
                     close()
+
+    def _install_concurrent_resets(self) -> None:
+        """Shadow the `reset` of every pooled environment, and of those the pool will grow by."""
+        self._resets = ConcurrentResets(lambda: self.environments, multi_environment=self._multi_environment)
+        for pool in self._environment_pool.values():
+            for environment in pool:
+                self._resets.install(environment)
+        self.environment_factories = {
+            name: self._resets.installing(factory) for name, factory in self.environment_factories.items()
+        }
 
     # ----------------------------------------------------------------- model parts
 
@@ -224,7 +246,8 @@ class ComposerTrainer(GRPOTrainer):
         return result
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+        with self._resets.batch(inputs) if self._resets is not None else contextlib.nullcontext():
+            output = super()._generate_and_score_completions(inputs)
         if self.args.sdpo_weight <= 0 or not self.environments:
             return output
         model_token_mask = output["completion_mask"] * output.get("tool_mask", 1)

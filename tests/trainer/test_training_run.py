@@ -3,8 +3,9 @@
 A random model emits no tool calls, so the policy's sampler is scripted: each rollout's turns are
 fixed token sequences (a failing or a working bash call, then `submit`, then a closing text). All
 else is real: TRL's tool loop, the environment adapter, the service's error kinds and hints, hint
-site location, the three losses and the optimizer. The same run is made twice, with the tool calls
-of a round run concurrently (the default) and serially (TRL's loop), and the two are compared.
+site location, the three losses and the optimizer. The same run is made twice, with the resets of a
+batch and the tool calls of a round run concurrently (the default) and serially (TRL's loops), and
+the two are compared.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ class ScriptedSamplerTrainer(ComposerTrainer):
 
 
 class RecordingTrainer(ScriptedSamplerTrainer):
-    """Keeps, per generation batch, the tool messages, the environments' call records and the hint sites."""
+    """Keeps, per generation batch, the prompts, the tool messages, the environments' call records and the hint sites."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.prompts: list[list[list[int]]] = []
         self.tool_messages: list[list[list[dict]]] = []
         self.call_records: list[list[list[Any]]] = []
         self.hint_sites: list[list[list[Any]]] = []
@@ -61,18 +63,22 @@ class RecordingTrainer(ScriptedSamplerTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        self.prompts.append([ids[mask.bool()].tolist() for ids, mask in zip(output["prompt_ids"], output["prompt_mask"])])
         self.call_records.append([list(environment.tool_calls) for environment in self.environments])
         self.hint_sites.append(output["hint_sites"])
         return output
 
 
 def meeting_environments(factory: functools.partial, rollouts: int) -> functools.partial:
-    """The factory's environments, except that each episode's first call waits until every rollout's
-    first call is in flight: a serial tool loop cannot get past it (the barrier breaks, the call fails)."""
+    """The factory's environments, except that each reset waits until every rollout's reset is in flight,
+    and each episode's first call until every rollout's first call is: serial resets or a serial tool
+    loop cannot get past them (the barrier breaks; the reset raises, the call fails)."""
     barrier = threading.Barrier(rollouts, timeout=120)
+    reset_barrier = threading.Barrier(rollouts, timeout=120)
 
     class MeetingEnvironment(factory.func):
         def reset(self, **row: Any) -> str:
+            reset_barrier.wait()
             self._met = False
             return super().reset(**row)
 
@@ -98,7 +104,7 @@ class GradientCheck(TrainerCallback):
 
 @pytest.fixture(scope="module")
 def runs(service_url, tokenizer, base_model, tmp_path_factory) -> dict[str, tuple[RecordingTrainer, GradientCheck]]:
-    """The same two-step training run with concurrent and with serial tool rounds."""
+    """The same two-step training run with concurrent and with serial resets and tool rounds."""
     factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN))
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
     results = {}
@@ -112,6 +118,7 @@ def runs(service_url, tokenizer, base_model, tmp_path_factory) -> dict[str, tupl
             dpo_batch_size=2,
             jsd_top_k=64,
             concurrent_tool_calls=mode == "concurrent",
+            concurrent_resets=mode == "concurrent",
         )
         rollouts = config.per_device_train_batch_size * config.steps_per_generation
         check = GradientCheck()
@@ -155,3 +162,13 @@ def test_concurrent_tool_rounds_match_the_serial_loop(runs) -> None:
     for batch in concurrent.hint_sites:
         assert [len(sites) for sites in batch] == [1, 0]
     assert concurrent.tool_messages == serial.tool_messages
+
+
+def test_concurrent_resets_match_the_serial_loop(runs) -> None:
+    concurrent, _ = runs["concurrent"]
+    serial, _ = runs["serial"]
+    assert len(concurrent.prompts) == 2
+    assert concurrent.prompts == serial.prompts
+    for batch in concurrent.prompts:
+        for prompt in batch:  # each rollout's prompt ends with the task its reset started
+            assert "Implement `fizzbuzz(n: int) -> str`" in concurrent.processing_class.decode(prompt)
