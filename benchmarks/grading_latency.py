@@ -21,12 +21,8 @@ from pathlib import Path
 from env_server.grading import grade, prepare_workspace, prewarm_grader
 from env_server.tasks import default_registry, feature_deletion
 from env_server.tasks.validation import solve
+from samples import percentile
 from sandbox import SandboxSpec, WarmPool, open_sandbox
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def row(name: str, values: list[float], baseline: float) -> str:

@@ -9,30 +9,14 @@ same commands in the same container. Prints a markdown table for docs/benchmarks
 from __future__ import annotations
 
 import argparse
-import math
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from samples import percentile, timed_ms
 from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
 
 SPEC = SandboxSpec()
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def timed(action: Callable[[], object], repeat: int) -> list[float]:
-    """Milliseconds of each of `repeat` calls."""
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        action()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
 
 
 def row(name: str, samples: list[float], baseline: list[float] | None = None) -> str:
@@ -136,10 +120,10 @@ def main() -> None:
 
             baseline_container = default_client().containers.get(sandbox.container_id)
         for command, repeat in (("true", n), ("python3 -c pass", n // 2)):
-            ours = timed(lambda: checked_exec(sandbox, command), repeat)
+            ours = timed_ms(lambda: checked_exec(sandbox, command), repeat)
             baseline = None
             if baseline_container is not None:
-                baseline = timed(lambda: baseline_container.exec_run(["bash", "-c", command]), repeat)
+                baseline = timed_ms(lambda: baseline_container.exec_run(["bash", "-c", command]), repeat)
             print(row(f"exec round trip `{command}`", ours, baseline))
 
         def write_then_read() -> None:
@@ -147,7 +131,7 @@ def main() -> None:
             if sandbox.read_file("bench.bin") != payload:
                 raise RuntimeError("file round trip corrupted the payload")
 
-        print(row("write then read 100 KiB", timed(write_then_read, n // 2)))
+        print(row("write then read 100 KiB", timed_ms(write_then_read, n // 2)))
 
     print()
     print("| sandboxes | execs each | execs/s | p50 ms | p99 ms | errors |")

@@ -23,13 +23,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import websockets
 import websockets.sync.client
 
+from samples import percentile, timed_ms
 from sandbox import SandboxSpec, open_sandbox
 
 BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "true"}}
@@ -37,23 +37,10 @@ BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": 
 TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": 100000}}}
 
 
-def percentile(samples: list[float], q: float) -> float:
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] if len(samples) > 1 else samples[0]
-
-
 def report(name: str, samples_ms: list[float]) -> float:
     p50 = statistics.median(samples_ms)
-    print(f"{name:<38} n={len(samples_ms):<5} p50={p50:8.2f} ms  p99={percentile(samples_ms, 99):8.2f} ms")
+    print(f"{name:<38} n={len(samples_ms):<5} p50={p50:8.2f} ms  p99={percentile(samples_ms, 0.99):8.2f} ms")
     return p50
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
 
 
 def start_service(pool_size: int, max_sessions: int) -> tuple[subprocess.Popen[str], str]:
@@ -87,8 +74,8 @@ def wait_pool(http: httpx.Client, ready: int) -> None:
 
 def bench_baseline(steps: int) -> float:
     with open_sandbox(SandboxSpec()) as sandbox:
-        timed(lambda: sandbox.exec("true"), 20)
-        return report("sandbox exec `true` (baseline)", timed(lambda: sandbox.exec("true"), steps))
+        timed_ms(lambda: sandbox.exec("true"), 20)
+        return report("sandbox exec `true` (baseline)", timed_ms(lambda: sandbox.exec("true"), steps))
 
 
 def bench_websocket(address: str, steps: int) -> float:
@@ -100,8 +87,8 @@ def bench_websocket(address: str, steps: int) -> float:
             ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
             ws.recv()
 
-        timed(step, 20)
-        return report("step `bash true` via WebSocket", timed(step, steps))
+        timed_ms(step, 20)
+        return report("step `bash true` via WebSocket", timed_ms(step, steps))
 
 
 def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> float:
@@ -118,8 +105,8 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> flo
         response.read()
         assert response.status == 200, response.status
 
-    timed(step, 20)
-    p50 = report("step `bash true` via HTTP session", timed(step, steps))
+    timed_ms(step, 20)
+    p50 = report("step `bash true` via HTTP session", timed_ms(step, steps))
     connection.close()
     reset_samples = []
     for _ in range(resets):
@@ -162,7 +149,7 @@ async def bench_load(address: str, sessions: int, steps: int) -> None:
     errors += sum(isinstance(r, BaseException) for r in results)
     print(
         f"{sessions} sessions x {steps} steps (WebSocket): {len(latencies) / elapsed:7.1f} steps/s  "
-        f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 99):.1f} ms  errors={errors}"
+        f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 0.99):.1f} ms  errors={errors}"
     )
 
 

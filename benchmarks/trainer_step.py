@@ -42,6 +42,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer_client.losses import dpo_loss, generalized_jsd  # noqa: E402
+from samples import percentile  # noqa: E402
 
 PRESETS = {
     # 2 shared CPU cores: small shapes, real vocabulary.
@@ -191,11 +192,6 @@ def measure_peak(variant: str, p: dict, device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def main() -> int:

@@ -137,7 +137,12 @@ def _capped(text: str, cap: int) -> ToolOutcome:
     return ToolOutcome(f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}", truncated=True)
 
 
-def _written(path: str, content: str, verb: str) -> ToolOutcome:
+def _write(ws: Workspace, path: str, content: str, verb: str) -> ToolOutcome:
+    """Write a file and report it, flagging Python that does not compile (the file is kept)."""
+    try:
+        ws.sandbox.write_file(path, content)
+    except OSError as exc:
+        return _file_error(path, exc)
     error = _python_syntax_error(path, content)
     if error:
         return ToolOutcome(f"{verb} {path}, but it does not compile: {error}", error_kind=ErrorKind.SYNTAX_ERROR)
@@ -183,11 +188,7 @@ def write_file(
     content: Annotated[str, Field(description="Complete new content of the file.")],
 ) -> ToolOutcome:
     """Create or overwrite a file with the given content."""
-    try:
-        ws.sandbox.write_file(path, content)
-    except OSError as exc:
-        return _file_error(path, exc)
-    return _written(path, content, "Wrote")
+    return _write(ws, path, content, "Wrote")
 
 
 @tool
@@ -206,12 +207,7 @@ def edit_file(
     if count != 1:
         where = "does not occur" if count == 0 else f"occurs {count} times"
         return ToolOutcome(f"old_str {where} in {path}; it must match exactly once.", error_kind=ErrorKind.RUNTIME_ERROR)
-    updated = text.replace(old_str, new_str, 1)
-    try:
-        ws.sandbox.write_file(path, updated)
-    except OSError as exc:
-        return _file_error(path, exc)
-    return _written(path, updated, "Edited")
+    return _write(ws, path, text.replace(old_str, new_str, 1), "Edited")
 
 
 @tool

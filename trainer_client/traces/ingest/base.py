@@ -97,6 +97,25 @@ class TraceIngester(ABC):
                     continue
                 yield record
 
+    def _state(
+        self,
+        trace_id: str,
+        turn: object,
+        messages: list[dict[str, Any]],
+        action: dict[str, Any],
+        model: str | None,
+        meta: dict[str, Any],
+    ) -> TraceState:
+        """A state of this format, keyed `format:trace:turn` (replay's cache and resume key on it)."""
+        return TraceState(
+            state_id=f"{self.format}:{trace_id}:{turn}",
+            messages=messages,
+            student_action=action,
+            source=self.format,
+            source_model=model,
+            meta=meta,
+        )
+
     def skip(self, why: str) -> None:
         self.counts.skipped += 1
         log.debug("skipped record: %s", why)

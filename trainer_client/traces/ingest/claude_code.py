@@ -80,13 +80,13 @@ class ClaudeCodeIngester(TraceIngester):
             first = records[0]
             session = first.get("sessionId") or file.stem
             message = first["message"]
-            yield TraceState(
-                state_id=f"{self.format}:{session}:{message_id}",
-                messages=_conversation(_ancestors(first, by_uuid)),
-                student_action=_Turn(records).message(with_reasoning=True),
-                source=self.format,
-                source_model=message.get("model"),
-                meta={
+            yield self._state(
+                session,
+                message_id,
+                _conversation(_ancestors(first, by_uuid)),
+                _Turn(records).message(with_reasoning=True),
+                message.get("model"),
+                {
                     "trace_id": session,
                     "file": str(file),
                     "turn": index,

@@ -55,13 +55,7 @@ class CodingEnvIngester(TraceIngester):
             }
             if "logprobs" in step.action:
                 meta["logprobs"] = step.action["logprobs"]
-            yield TraceState(
-                state_id=f"{self.format}:{episode.episode_id}:{step.index}",
-                messages=list(history),
-                student_action=action,
-                source=self.format,
-                meta=meta,
-            )
+            yield self._state(episode.episode_id, step.index, list(history), action, None, meta)
             history.append(without_reasoning(action))
             calls = action.get("tool_calls") or []
             if calls:

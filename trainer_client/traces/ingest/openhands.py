@@ -103,13 +103,13 @@ class OpenHandsIngester(TraceIngester):
                     call_of_event[event.get("id")] = turn["tool_calls"][0]["id"]
                 tools.observe_message(turn)
                 states.append(
-                    TraceState(
-                        state_id=f"{self.format}:{trace_id}:{this_turn}",
-                        messages=with_system_prompt(messages),
-                        student_action=turn,
-                        source=self.format,
-                        source_model=model or response.get("model"),
-                        meta={"trace_id": trace_id, "file": str(file), "event_id": event.get("id")},
+                    self._state(
+                        trace_id,
+                        this_turn,
+                        with_system_prompt(messages),
+                        turn,
+                        model or response.get("model"),
+                        {"trace_id": trace_id, "file": str(file), "event_id": event.get("id")},
                     )
                 )
                 messages.append(without_reasoning(turn))

@@ -80,13 +80,13 @@ class SweSmithIngester(TraceIngester):
                 turn = _assistant_turn(message, content, style, call_id=f"call_{len(states)}")
                 tools.observe_message(turn)
                 states.append(
-                    TraceState(
-                        state_id=f"{self.format}:{trace_id}:{len(states)}",
-                        messages=with_system_prompt(history),
-                        student_action=turn,
-                        source=self.format,
-                        source_model=row.get("model"),
-                        meta={
+                    self._state(
+                        trace_id,
+                        len(states),
+                        with_system_prompt(history),
+                        turn,
+                        row.get("model"),
+                        {
                             "trace_id": trace_id,
                             "file": str(file),
                             "turn": len(states),
