@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Iterator
 
