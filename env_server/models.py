@@ -33,6 +33,13 @@ class ErrorKind(str, enum.Enum):
     TEST_FAILURE = "test_failure"
     REPEATED_FAILURE = "repeated_failure"
     SANDBOX_ERROR = "sandbox_error"
+    NO_TOOL_CALL = "no_tool_call"
+    """An assistant turn that called no tool before the episode was submitted (reported by
+    clients that see the model's turns, e.g. the trainer; the service itself never sees one)."""
+    GRADING_ERROR = "grading_error"
+    """Preparing or grading the submission failed because of what the workspace holds
+    (unreadable files, a directory where a test goes, a workspace over the size limit). The
+    episode ends with reward 0: the agent's doing, never the infrastructure's."""
 
 
 class TaskLimits(BaseModel):
