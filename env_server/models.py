@@ -8,9 +8,14 @@ these field sets (see `env_server/environment.py`).
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from env_server import typed_values
 
 TASK_SPEC_VERSION = 1
 TRAJECTORY_SCHEMA_VERSION = 1
@@ -43,18 +48,121 @@ class ErrorKind(str, enum.Enum):
 
 
 class TaskLimits(BaseModel):
-    """Per-task budgets."""
+    """Per-task budgets. Bounded, so an inline task spec cannot hold a session or a grader hostage."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_steps: int = Field(default=30, ge=1)
+    max_steps: int = Field(default=30, ge=1, le=1000)
     """Tool calls allowed before the episode is graded automatically."""
 
-    step_timeout_s: float = Field(default=30.0, gt=0)
+    step_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Default timeout of one tool call (bash may ask for less, never more)."""
 
-    grade_timeout_s: float = Field(default=120.0, gt=0)
-    """Timeout of the hidden-test run at grading time."""
+    grade_timeout_s: float = Field(default=120.0, gt=0, le=1800)
+    """Timeout of the hidden-test run (or of the whole call table) at grading time."""
+
+    call_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """Timeout of one call of a call-table task (`TaskSpec.hidden_calls`); a call past it fails."""
+
+
+_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class CallCheck(BaseModel):
+    """One hidden check of a call-table task: `module.function(*args, **kwargs)` must return
+    `expected`, or raise `raises`.
+
+    Call-table grading (`TaskSpec.hidden_calls`) keeps the verdict out of the solution's reach:
+    only `module`, `function` and the arguments enter the grading sandbox, where a trusted,
+    stdlib-only harness imports the solution in a fresh process per few calls, runs each call
+    under `TaskLimits.call_timeout_s` and prints the result in the strict typed encoding of
+    `env_server.typed_values` (exact types only; a subclass, a custom object or a NaN is
+    unencodable and fails). The host compares it with `expected`, which never enters the
+    sandbox: same type everywhere, same value, floats within `rel_tol`/`abs_tol`. So forging
+    the harness's output needs the right answers. Values here are *encoded*; build checks from
+    plain Python values with `CallCheck.build`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    module: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=200)
+    """Dotted module name, imported with the workspace root on `sys.path` (e.g. `solution`)."""
+
+    function: str = Field(pattern=_IDENTIFIER, max_length=200)
+    """Name of the callable in `module`."""
+
+    args: list[Any] = Field(default_factory=list)
+    """Positional arguments, each encoded (`typed_values.encode_strict`)."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments, values encoded."""
+
+    expected: Any = None
+    """The encoded result the call must return; unused when `raises` or `judge` is set."""
+
+    raises: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$", max_length=200)
+    """The exception class the call must raise, exactly (not a subclass): a builtin's name
+    (`ValueError`) or `module.QualName`."""
+
+    judge: str | None = Field(default=None, max_length=200)
+    """Name of a trusted host-side judge (`env_server.call_checks.JUDGES`) that decides from the
+    decoded arguments and result, for calls whose right answer is not unique."""
+
+    rel_tol: float = Field(default=1e-9, ge=0, le=1)
+    """Relative tolerance of float comparisons (`math.isclose`)."""
+
+    abs_tol: float = Field(default=0.0, ge=0, le=1)
+    """Absolute tolerance of float comparisons (`math.isclose`)."""
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> Self:
+        try:
+            for value in [*self.args, *self.kwargs.values(), *([] if self.raises or self.judge else [self.expected])]:
+                typed_values.decode(value)
+        except (typed_values.Unencodable, ValueError, TypeError) as error:
+            raise ValueError(f"call check values must be typed encodings (CallCheck.build makes them): {error}") from None
+        for name in self.kwargs:
+            if not re.fullmatch(_IDENTIFIER, name):
+                raise ValueError(f"keyword argument name is not an identifier: {name!r}")
+        return self
+
+    @classmethod
+    def build(
+        cls,
+        module: str,
+        function: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        expected: Any = None,
+        raises: type[BaseException] | str | None = None,
+        judge: str | None = None,
+        rel_tol: float = 1e-9,
+        abs_tol: float = 0.0,
+    ) -> CallCheck:
+        """A check from plain Python values (raises `typed_values.Unencodable` for values
+        outside the strict types). `raises` may be the exception class itself."""
+        if isinstance(raises, type):
+            raises = raises.__name__ if raises.__module__ == "builtins" else f"{raises.__module__}.{raises.__qualname__}"
+        return cls(
+            module=module,
+            function=function,
+            args=[typed_values.encode_strict(value) for value in args],
+            kwargs={name: typed_values.encode_strict(value) for name, value in (kwargs or {}).items()},
+            expected=None if raises or judge else typed_values.encode_strict(expected),
+            raises=raises,
+            judge=judge,
+            rel_tol=rel_tol,
+            abs_tol=abs_tol,
+        )
+
+
+def workspace_path(path: str) -> str:
+    """`path` normalised, if it is relative and stays inside the workspace; ValueError otherwise."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts or "\\" in path or "\x00" in path or not pure.parts:
+        raise ValueError(f"paths must be relative and inside the workspace: {path!r}")
+    return pure.as_posix()
 
 
 class TaskSpec(BaseModel):
@@ -86,19 +194,34 @@ class TaskSpec(BaseModel):
     """Command `run_tests` executes in the workspace."""
 
     hidden_tests: dict[str, str] = Field(default_factory=dict)
-    """Tests that grade the submission; they never enter the sandbox before grading."""
+    """Tests that grade the submission with pytest; they never enter the sandbox before grading."""
+
+    hidden_calls: list[CallCheck] = Field(default_factory=list, max_length=10_000)
+    """Checks that grade the submission by call table (see `CallCheck`); a task has these or
+    `hidden_tests`, not both. Preferred wherever the task is a function's behaviour."""
 
     grade_command: str = "python3 -m pytest -q -p no:cacheprovider"
     """Command run at grading time, with the hidden tests in place; pytest-style output is parsed."""
 
     reward_mode: Literal["fraction", "binary"] = "fraction"
-    """`fraction`: passed/total; `binary`: 1.0 only if every hidden test passes."""
+    """`fraction`: passed/total; `binary`: 1.0 only if every hidden test (or call) passes."""
 
     limits: TaskLimits = Field(default_factory=TaskLimits)
     """Step and time budgets."""
 
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Suite-specific facts (source, license, difficulty); never shown to the agent."""
+
+    @field_validator("files", "visible_tests", "hidden_tests")
+    @classmethod
+    def _paths_inside_workspace(cls, files: dict[str, str]) -> dict[str, str]:
+        return {workspace_path(path): text for path, text in files.items()}
+
+    @model_validator(mode="after")
+    def _one_grading_mode(self) -> Self:
+        if self.hidden_tests and self.hidden_calls:
+            raise ValueError("a task grades with hidden_tests or hidden_calls, not both")
+        return self
 
 
 class ToolResult(BaseModel):
