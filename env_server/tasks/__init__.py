@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from env_server.models import TaskSpec
+from env_server.tasks.splits import Split, split_of
 
 CACHE_DIR_ENV = "CODING_ENV_TASK_CACHE_DIR"
 
@@ -72,10 +73,12 @@ class TaskRegistry:
             self._loaded[name] = self._factories[name]()
         return self._loaded[name]
 
-    def ids(self, suite: str | None = None) -> list[str]:
-        """Task ids of one suite, or of all suites in suite order."""
+    def ids(self, suite: str | None = None, split: Split | None = None) -> list[str]:
+        """Task ids of one suite, or of all suites in suite order; with `split`, only the ids in
+        that fixed train / held-out split (`env_server.tasks.splits`)."""
         names = [suite] if suite is not None else self.suites()
-        return [task_id for name in names for task_id in self.suite(name).ids()]
+        ids = [task_id for name in names for task_id in self.suite(name).ids()]
+        return ids if split is None else [task_id for task_id in ids if split_of(task_id) == split]
 
     def get(self, task_id: str) -> TaskSpec:
         """The task with this id; KeyError if no suite knows it."""
@@ -92,9 +95,9 @@ def default_cache_dir() -> Path:
 
 
 def default_registry(cache_dir: Path | None = None) -> TaskRegistry:
-    """Builtin, HumanEval, program I/O, shell, canary and the feature-deletion tasks found in `cache_dir`."""
+    """Builtin, HumanEval, program I/O, shell, canary, warmup and the feature-deletion tasks found in `cache_dir`."""
     # Imported here so that importing the registry type stays cheap for the wire layer.
-    from env_server.tasks import agent_bench, builtin, canary, codeio, feature_deletion, humaneval
+    from env_server.tasks import agent_bench, builtin, canary, codeio, feature_deletion, humaneval, warmup
 
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     registry = TaskRegistry()
@@ -104,4 +107,5 @@ def default_registry(cache_dir: Path | None = None) -> TaskRegistry:
     registry.register(agent_bench.SUITE, agent_bench.AgentBenchSuite)
     registry.register(feature_deletion.SUITE, lambda: feature_deletion.FeatureDeletionSuite(cache))
     registry.register(canary.SUITE, canary.CanarySuite)
+    registry.register(warmup.SUITE, warmup.WarmupSuite)
     return registry

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from env_server.tasks import TaskRegistry, default_cache_dir, default_registry
+from env_server.tasks.splits import SPLITS
 
 
 def _clear_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -44,7 +45,7 @@ def list_tasks(args: argparse.Namespace) -> int:
             print(f"{suite}\t{len(registry.ids(suite))}")
         print(f"total\t{len(registry.ids())}")
         return 0
-    for task_id in registry.ids(args.suite):
+    for task_id in registry.ids(args.suite, split=args.split):
         print(task_id)
     return 0
 
@@ -105,6 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="task ids, one per line")
     listing.add_argument("--suite", help="only this suite")
     listing.add_argument("--counts", action="store_true", help="tasks per suite instead of ids")
+    listing.add_argument("--split", choices=SPLITS, help="only the fixed train or held-out split (a hash of each id)")
     listing.set_defaults(func=_clear_errors(list_tasks))
 
     show = commands.add_parser("show", help="one task spec as JSON")
