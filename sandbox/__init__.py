@@ -6,8 +6,8 @@
 """
 
 from sandbox.backends import Backend, open_sandbox
-from sandbox.base import ExecResult, Sandbox, SandboxError
+from sandbox.base import ArchiveTooLarge, ExecResult, FileTooLarge, Sandbox, SandboxError
 from sandbox.pool import WarmPool
 from sandbox.spec import SandboxSpec
 
-__all__ = ["Backend", "ExecResult", "Sandbox", "SandboxError", "SandboxSpec", "WarmPool", "open_sandbox"]
+__all__ = ["ArchiveTooLarge", "Backend", "ExecResult", "FileTooLarge", "Sandbox", "SandboxError", "SandboxSpec", "WarmPool", "open_sandbox"]

@@ -42,6 +42,16 @@ class SandboxError(RuntimeError):
     """The sandbox infrastructure failed (not the command): dead container, broken channel."""
 
 
+class ArchiveTooLarge(SandboxError):
+    """`get_archive` refused: the files under the path add up to more than `max_bytes`.
+
+    Decided inside the sandbox from file sizes before anything is read; the sandbox is fine."""
+
+
+class FileTooLarge(SandboxError):
+    """`read_file` refused: the file is larger than `max_bytes` (checked before reading)."""
+
+
 class Sandbox(abc.ABC):
     """One isolated workspace. Paths are relative to the workspace unless absolute."""
 
@@ -53,8 +63,10 @@ class Sandbox(abc.ABC):
         """Run `command` with `bash -c` in its own process group under a timeout."""
 
     @abc.abstractmethod
-    def read_file(self, path: str) -> bytes:
-        """Return the bytes of a file; raises FileNotFoundError, PermissionError, IsADirectoryError."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Return the bytes of a regular file; raises FileNotFoundError, PermissionError,
+        IsADirectoryError, OSError (not a regular file), or FileTooLarge beyond `max_bytes`
+        (default: the spec's `max_transfer_mb`)."""
 
     @abc.abstractmethod
     def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
@@ -65,8 +77,10 @@ class Sandbox(abc.ABC):
         """Extract an uncompressed tar archive under `dest`."""
 
     @abc.abstractmethod
-    def get_archive(self, path: str = ".") -> bytes:
-        """Return an uncompressed tar archive of `path`."""
+    def get_archive(self, path: str = ".", max_bytes: int | None = None) -> bytes:
+        """Return an uncompressed tar archive of `path` (symlinks, FIFOs kept as such; sockets
+        skipped); raises ArchiveTooLarge when its files add up to more than `max_bytes`
+        (default: the spec's `max_transfer_mb`), OSError for an unreadable member."""
 
     @abc.abstractmethod
     def is_alive(self) -> bool:

@@ -2,20 +2,36 @@
 
 Both backends hand this class two callables, one that reads the next chunk of the
 supervisor's stdout and one that writes to its stdin; everything above them (request ids,
-concurrent callers, error mapping) is shared.
+concurrent callers, error mapping, reply authentication) is shared.
+
+Every reply line is `MAC JSON`: the hex keyed BLAKE2b of the JSON bytes under a per-sandbox key
+that the host sends once over stdin at start-up, before any command runs (decision 006). A line
+that does not authenticate or parse fails at most the one request whose id it names, with a
+`SandboxError`; the reader thread itself never dies of a bad line.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import itertools
 import json
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from sandbox.base import SandboxError
+from sandbox.base import ArchiveTooLarge, FileTooLarge, SandboxError
+
+KEY_BYTES = 32
+MAC_BYTES = 16
+
+
+def reply_mac(key: bytes, body: bytes) -> bytes:
+    """Hex MAC of one reply's JSON body (the supervisor computes the same)."""
+    return hashlib.blake2b(body, key=key, digest_size=MAC_BYTES).hexdigest().encode()
 
 
 class SupervisorChannel:
@@ -25,6 +41,8 @@ class SupervisorChannel:
         """`read_chunk` returns b"" at end of stream; `describe_failure` explains a dead channel."""
         self._write = write
         self._describe_failure = describe_failure
+        self.key = os.urandom(KEY_BYTES)
+        """Authenticates replies; the backend sends it to the supervisor (`send_raw`) at start-up."""
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -38,12 +56,16 @@ class SupervisorChannel:
         return self._closed_reason is None
 
     def send_raw(self, data: bytes) -> None:
-        """Write bytes that are not a request (the supervisor's source at start-up)."""
+        """Write bytes that are not a request (the supervisor's source and key at start-up)."""
         with self._write_lock:
             self._write(data)
 
     def request(self, op: str, reply_timeout_s: float, **params: Any) -> dict[str, Any]:
-        """Send one request and wait for its reply; raises SandboxError if none comes."""
+        """Send one request and wait for its reply; raises SandboxError if none comes.
+
+        A failure reply is raised as the `OSError` subclass of its errno, as `ArchiveTooLarge` or
+        `FileTooLarge` when it names one of them, else as `SandboxError`.
+        """
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             if self._closed_reason is not None:
@@ -60,11 +82,8 @@ class SupervisorChannel:
         finally:
             with self._lock:
                 self._pending.pop(request_id, None)
-        if not reply["ok"]:
-            if reply.get("errno") is not None:
-                # OSError(errno, ...) becomes the matching subclass: FileNotFoundError, PermissionError...
-                raise OSError(reply["errno"], reply["message"], reply.get("filename"))
-            raise SandboxError(f"supervisor {op!r} failed: {reply['error']}: {reply['message']}")
+        if reply["ok"] is not True:
+            raise _failure(op, reply)
         return reply
 
     def _read_replies(self, read_chunk: Callable[[], bytes]) -> None:
@@ -83,10 +102,22 @@ class SupervisorChannel:
         self._fail("supervisor channel closed")
 
     def _dispatch(self, line: bytes) -> None:
-        reply = json.loads(line)
+        """Hand an authenticated, well-formed reply to its caller; fail the caller of a bad one."""
+        mac, _, body = line.partition(b" ")
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            reply = None
+        request_id = reply.get("id") if isinstance(reply, dict) else None
         with self._lock:
-            future = self._pending.get(reply["id"])
-        if future is not None:
+            future = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if future is None or future.done():
+            return  # belongs to no waiting request (forged, late or garbage): nothing to fail
+        if not hmac.compare_digest(mac, reply_mac(self.key, body)):
+            future.set_exception(SandboxError(f"reply to request {request_id} failed authentication (forged or corrupted)"))
+        elif not isinstance(reply.get("ok"), bool):
+            future.set_exception(SandboxError(f"malformed reply to request {request_id}: no boolean 'ok'"))
+        else:
             future.set_result(reply)
 
     def _fail(self, reason: str) -> None:
@@ -97,7 +128,23 @@ class SupervisorChannel:
             self._closed_reason = f"{reason}{': ' + detail if detail else ''}"
             pending = list(self._pending.values())
         for future in pending:
-            future.set_exception(SandboxError(self._closed_reason))
+            if not future.done():
+                future.set_exception(SandboxError(self._closed_reason))
+
+
+_NAMED_ERRORS: dict[str, type[SandboxError]] = {cls.__name__: cls for cls in (ArchiveTooLarge, FileTooLarge)}
+"""Supervisor errors that the host raises as their own SandboxError subclass."""
+
+
+def _failure(op: str, reply: dict[str, Any]) -> Exception:
+    error, message, errno = reply.get("error"), reply.get("message"), reply.get("errno")
+    if isinstance(errno, int) and isinstance(message, str):
+        # OSError(errno, ...) becomes the matching subclass: FileNotFoundError, PermissionError...
+        filename = reply.get("filename")
+        return OSError(errno, message, filename if isinstance(filename, str) else None)
+    if isinstance(error, str) and error in _NAMED_ERRORS:
+        return _NAMED_ERRORS[error](str(message))
+    return SandboxError(f"supervisor {op!r} failed: {error}: {message}")
 
 
 def encode_bytes(data: bytes | str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
-from docker.types import Ulimit
+from docker.types import LogConfig, Ulimit
 from docker.utils.socket import STDOUT, frames_iter
 
 from sandbox.base import SandboxError
@@ -41,6 +41,20 @@ inside a restarted service container (always pid 1 on the same hostname)."""
 
 START_TIMEOUT_S = 60.0
 """Limit on container start until the supervisor answers its first ping."""
+
+SUPERVISOR_USER = "0:0"
+"""The container's main process, the supervisor, is root (in the container's uid space) so that
+commands, which it runs as `spec.user`, cannot signal, trace or read it (decision 006)."""
+
+SUPERVISOR_CAPABILITIES = ["SETUID", "SETGID", "KILL"]
+"""All the supervisor keeps: drop to `spec.user` for each command and file operation, kill a
+command's process group. No DAC override: it never touches the agent's files itself."""
+
+
+def memory_limit_mb(spec: SandboxSpec) -> int:
+    """The cgroup limit: processes' memory plus every tmpfs, whose pages the cgroup is charged
+    for, so a full disk can never push the processes into an OOM kill (decision 009)."""
+    return spec.memory_mb + spec.workspace_mb + spec.tmp_mb + spec.shm_mb
 
 
 @functools.cache
@@ -94,24 +108,28 @@ class DockerSandbox(SupervisedSandbox):
                 self.spec.workdir: f"{tmpfs_options},size={self.spec.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
                 "/tmp": f"{tmpfs_options},size={self.spec.tmp_mb}m,mode=1777",
             },
+            shm_size=f"{self.spec.shm_mb}m",
             cap_drop=["ALL"],
+            cap_add=SUPERVISOR_CAPABILITIES,
             security_opt=["no-new-privileges"],
             pids_limit=self.spec.pids,
-            mem_limit=f"{self.spec.memory_mb}m",
-            memswap_limit=f"{self.spec.memory_mb}m",
+            mem_limit=f"{memory_limit_mb(self.spec)}m",
+            memswap_limit=f"{memory_limit_mb(self.spec)}m",
             nano_cpus=int(self.spec.cpus * 1e9),
             ulimits=[Ulimit(name="nofile", soft=self.spec.nofile, hard=self.spec.nofile)],
             init=True,
             auto_remove=True,
             runtime=self.spec.runtime,
+            # The attached stream carries every reply (file contents included): never log it.
+            log_config=LogConfig(type=LogConfig.types.NONE),
         )
 
     def _start(self) -> None:
         try:
             created = self._api.create_container(
                 self.spec.image,
-                command=bootstrap_argv(self.spec.workdir),
-                user=self.spec.user,
+                command=bootstrap_argv(self.spec.workdir, run_as=self.spec.user),
+                user=SUPERVISOR_USER,
                 environment=BASE_ENV,
                 working_dir=self.spec.workdir,
                 labels={

@@ -83,6 +83,8 @@ def bwrap_argv(spec: SandboxSpec) -> list[str]:
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
+        # bwrap's /dev is an unbounded tmpfs: bound /dev/shm like the other writable places.
+        "--size", str(spec.shm_mb * 2**20), "--perms", "1777", "--tmpfs", "/dev/shm",
         "--size", str(spec.tmp_mb * 2**20), "--perms", "1777", "--tmpfs", "/tmp",
         "--size", str(spec.workspace_mb * 2**20), "--perms", "0755", "--tmpfs", spec.workdir,
         "--remount-ro", "/",

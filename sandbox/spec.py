@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_IMAGE = "coding-env-sandbox:latest"
 
@@ -40,7 +40,10 @@ class SandboxSpec(BaseModel):
     """Local backend only: RLIMIT_CPU, CPU seconds any one process (the supervisor included) may use."""
 
     memory_mb: int = Field(default=1024, ge=32)
-    """Memory limit in MiB; swap is capped at the same value, so no swap beyond it."""
+    """Memory for the sandbox's processes in MiB; no swap beyond it. The Docker backend's cgroup
+    limit is `memory_mb + workspace_mb + tmp_mb + shm_mb`, because tmpfs pages are charged to
+    the cgroup too: a full disk then still leaves `memory_mb` to processes, so filling it gives
+    ENOSPC, never an OOM kill of the sandbox (decision 009)."""
 
     pids: int = Field(default=256, ge=16)
     """Maximum number of processes and threads inside the sandbox (fork-bomb guard)."""
@@ -53,6 +56,13 @@ class SandboxSpec(BaseModel):
 
     tmp_mb: int = Field(default=128, ge=1)
     """Size of the tmpfs mounted at /tmp."""
+
+    shm_mb: int = Field(default=64, ge=1)
+    """Size of the tmpfs at /dev/shm (POSIX shared memory, multiprocessing)."""
+
+    max_transfer_mb: int = Field(default=256, ge=1)
+    """Default bound on one `read_file` or `get_archive` (both are buffered whole on the host);
+    larger ones raise FileTooLarge / ArchiveTooLarge before anything is read."""
 
     workdir: str = "/workspace"
     """Absolute path of the agent's workspace inside the sandbox; relative paths resolve against it."""
@@ -70,7 +80,8 @@ class SandboxSpec(BaseModel):
     """Give the sandbox a network. Off by default: only the loopback interface exists."""
 
     user: str = "1000:1000"
-    """uid:gid that commands run as; never root."""
+    """Numeric `uid:gid` that commands run as; never root. On Docker the supervisor runs as root
+    with only SETUID, SETGID and KILL, out of these commands' reach (decision 006)."""
 
     env: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("env", "environment"))
     """Extra environment variables for every command."""
@@ -83,3 +94,20 @@ class SandboxSpec(BaseModel):
 
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra container labels (the backend always adds its own service labels)."""
+
+    @field_validator("user")
+    @classmethod
+    def _user_is_numeric_and_not_root(cls, user: str) -> str:
+        uid, sep, gid = user.partition(":")
+        if not (uid.isdigit() and sep and gid.isdigit()):
+            raise ValueError(f"user must be numeric 'uid:gid' (e.g. '1000:1000'), got {user!r}")
+        if int(uid) == 0 or int(gid) == 0:
+            raise ValueError("commands never run as root (uid or gid 0): the supervisor's identity must stay out of their reach")
+        return user
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_is_its_own_mount(cls, workdir: str) -> str:
+        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/tmp", "/dev", "/dev/shm", "/proc"):
+            raise ValueError(f"workdir must be an absolute path of its own (not /, /tmp, /dev, /proc), got {workdir!r}")
+        return workdir

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Callable
+from typing import Any
+
+import pydantic
 
 from sandbox.base import ExecResult, Sandbox, SandboxError
 from sandbox.channel import SupervisorChannel, decode_bytes, encode_bytes
 from sandbox.spec import SandboxSpec
 from sandbox.supervisor import SOURCE
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Version of the JSON-lines protocol this host speaks (the supervisor reports its own)."""
 
 REPLY_GRACE_S = 15.0
@@ -35,17 +39,32 @@ class SupervisedSandbox(Sandbox):
         self._channel: SupervisorChannel | None = None
 
     def _connect(self, read_chunk: Callable[[], bytes], write: Callable[[bytes], None], describe_failure: Callable[[], str], timeout_s: float) -> None:
-        """Send the supervisor's source over fresh streams and wait until it answers."""
+        """Send the supervisor's source and the channel key over fresh streams and wait until
+        it answers. The key goes before any command can run and never into argv or env."""
         self._channel = SupervisorChannel(read_chunk, write, describe_failure)
-        self._channel.send_raw(SOURCE)
-        reply = self._channel.request("ping", timeout_s)
-        if reply["protocol"] != PROTOCOL_VERSION:
-            raise SandboxError(f"supervisor speaks protocol {reply['protocol']}, host speaks {PROTOCOL_VERSION}")
+        self._channel.send_raw(SOURCE + self._channel.key.hex().encode() + b"\n")
+        protocol = self._field("ping", timeout_s, "protocol")
+        if protocol != PROTOCOL_VERSION:
+            raise SandboxError(f"supervisor speaks protocol {protocol}, host speaks {PROTOCOL_VERSION}")
 
-    def _request(self, op: str, reply_timeout_s: float, **params: object) -> dict:
+    def _request(self, op: str, reply_timeout_s: float, **params: object) -> dict[str, Any]:
         if self._channel is None:
             raise SandboxError(f"sandbox {self.id} is closed")
         return self._channel.request(op, reply_timeout_s, **params)
+
+    def _field(self, op: str, reply_timeout_s: float, field: str, **params: object) -> Any:
+        """One field of a successful reply; a reply without it is a broken sandbox, not a KeyError."""
+        reply = self._request(op, reply_timeout_s, **params)
+        if field not in reply:
+            raise SandboxError(f"malformed reply to {op!r}: no {field!r}")
+        return reply[field]
+
+    def _bytes_field(self, op: str, **params: object) -> bytes:
+        data = self._field(op, FILE_OP_TIMEOUT_S, "data", **params)
+        try:
+            return decode_bytes(data)
+        except (TypeError, binascii.Error) as exc:
+            raise SandboxError(f"malformed reply to {op!r}: {exc}") from exc
 
     def exec(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         timeout_s = self.spec.default_timeout_s if timeout_s is None else timeout_s
@@ -59,10 +78,18 @@ class SupervisedSandbox(Sandbox):
             env={**self.spec.env, **(env or {})},
             output_cap=self.spec.output_cap_bytes,
         )
-        return ExecResult.model_validate({k: v for k, v in reply.items() if k not in ("id", "ok")})
+        try:
+            return ExecResult.model_validate({k: v for k, v in reply.items() if k not in ("id", "ok")})
+        except pydantic.ValidationError as exc:
+            raise SandboxError(f"malformed reply to 'exec': {exc}") from exc
 
-    def read_file(self, path: str) -> bytes:
-        return decode_bytes(self._request("read_file", FILE_OP_TIMEOUT_S, path=path)["data"])
+    def _max_bytes(self, max_bytes: int | None) -> int:
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be non-negative, got {max_bytes}")
+        return self.spec.max_transfer_mb * 2**20 if max_bytes is None else max_bytes
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self._bytes_field("read_file", path=path, max_bytes=self._max_bytes(max_bytes))
 
     def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
         self._request("write_file", FILE_OP_TIMEOUT_S, path=path, data=encode_bytes(content), mode=mode)
@@ -70,9 +97,9 @@ class SupervisedSandbox(Sandbox):
     def put_archive(self, tar_bytes: bytes, dest: str = ".") -> None:
         self._request("put_archive", FILE_OP_TIMEOUT_S, dest=dest, data=encode_bytes(tar_bytes))
 
-    def get_archive(self, path: str = ".") -> bytes:
+    def get_archive(self, path: str = ".", max_bytes: int | None = None) -> bytes:
         """Tar of `path`: a directory's members are relative to it, a file keeps its base name."""
-        return decode_bytes(self._request("get_archive", FILE_OP_TIMEOUT_S, path=path)["data"])
+        return self._bytes_field("get_archive", path=path, max_bytes=self._max_bytes(max_bytes))
 
     def is_alive(self) -> bool:
         if self._channel is None or not self._channel.is_open:

@@ -21,6 +21,9 @@ _BOOTSTRAP = (
 )
 
 
-def bootstrap_argv(workdir: str, python: str = "python3") -> list[str]:
-    """Command line that starts the supervisor; send `SOURCE` on its stdin right after."""
-    return [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, str(len(SOURCE)), "--workdir", workdir]
+def bootstrap_argv(workdir: str, run_as: str | None = None, python: str = "python3") -> list[str]:
+    """Command line that starts the supervisor; send `SOURCE` and then the channel key (one hex
+    line) on its stdin right after. `run_as` ("uid:gid"): a root supervisor runs every command
+    and file operation as that identity (decision 006)."""
+    argv = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, str(len(SOURCE)), "--workdir", workdir]
+    return argv + ["--run-as", run_as] if run_as else argv

@@ -6,8 +6,17 @@ request per line; every request carries an `id` and every reply echoes it, so re
 served concurrently (one thread each) and a slow command never blocks a `ping`.
 
 Request:  {"id": 7, "op": "exec", "cmd": "pytest -q", "timeout_s": 30, "env": {}, "output_cap": 65536}
-Reply:    {"id": 7, "ok": true, "exit_code": 0, "signal": null, "stdout": "...", ...}
-Failure:  {"id": 7, "ok": false, "error": "FileNotFoundError", "message": "..."}
+Reply:    MAC {"id": 7, "ok": true, "exit_code": 0, "signal": null, "stdout": "...", ...}
+Failure:  MAC {"id": 7, "ok": false, "error": "FileNotFoundError", "message": "..."}
+
+MAC is the hex keyed BLAKE2b of the JSON under the key the host sends as the first line after
+the source. The agent's code never runs as this process's identity (decision 006): with
+`--run-as UID:GID` (Docker: the supervisor is root with only SETUID, SETGID and KILL) every
+command and every file operation runs in a child that dropped to that uid, so commands can
+neither signal, trace nor read this process nor open its channel; without it (bubblewrap, one
+uid) the supervisor at least makes itself non-dumpable, which denies ptrace and /proc/PID/mem.
+File operations always run in a forked child with a deadline: an agent's FIFO, symlink into
+/proc/self or 4 GB sparse file can fail that operation, never the supervisor.
 
 When stdin reaches EOF (the host closed the channel or died) every running command's
 process group is killed and the supervisor exits, which ends the sandbox.
@@ -15,19 +24,33 @@ process group is killed and the supervisor exits, which ends the sandbox.
 
 import argparse
 import base64
+import ctypes
+import errno
+import hashlib
 import io
 import json
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
 import threading
 import time
+import warnings
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 READ_CHUNK = 65536
+MAC_BYTES = 16
+
+FILE_OP_DEADLINE_S = 50.0  # a file operation's child is killed after this (the host waits 60 s)
+TAR_MEMBER_OVERHEAD = 1536  # header, padding and a long name's PAX record, counted against max_bytes with the name
+
+# Prefixed to every command: make its processes, not the supervisor, the OOM killer's first
+# choice. A process may raise its own score without privilege; the supervisor (root on Docker,
+# without CAP_DAC_OVERRIDE) may not write the file of a process of another uid.
+OOM_PREFIX = "{ echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null; "
 
 # Fixed for every command: no pager or editor may wait for a terminal, no bytecode is written.
 COMMAND_ENV = {
@@ -106,9 +129,38 @@ def kill_group(pgid):
         time.sleep(0.002)
 
 
+class TooLarge(Exception):
+    """A transfer over the caller's bound; `name` is the host's exception class."""
+
+    def __init__(self, name, message):
+        super().__init__(message)
+        self.name = name
+
+
+def error_reply(exc):
+    """The failure fields of a reply for `exc` (the host rebuilds OSError subclasses by errno)."""
+    if isinstance(exc, TooLarge):
+        return {"ok": False, "error": exc.name, "message": str(exc)}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        filename = exc.filename if isinstance(exc.filename, str) else None
+        return {"ok": False, "error": type(exc).__name__, "errno": exc.errno, "message": exc.strerror or str(exc), "filename": filename}
+    return {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+
+
+def make_non_dumpable():
+    """PR_SET_DUMPABLE 0: processes of the same uid can no longer ptrace this one or open its
+    /proc/PID/{mem,environ,fd/*} (forked children inherit it until they exec)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass  # no libc to call: the uid split (Docker) still holds
+
+
 class Supervisor:
-    def __init__(self, workdir):
+    def __init__(self, workdir, key, run_as):
         self.workdir = workdir
+        self.key = key
+        self.run_as = run_as  # (uid, gid) commands and file operations run as; None: our own
         self.write_lock = threading.Lock()
         self.running = set()  # process group ids of commands in flight
         self.running_lock = threading.Lock()
@@ -116,7 +168,12 @@ class Supervisor:
     # -- plumbing -------------------------------------------------------------------------
 
     def reply(self, message):
-        line = json.dumps(message).encode() + b"\n"
+        self.send(json.dumps(message).encode())
+
+    def send(self, body):
+        """Write one reply line: the MAC of the JSON body, a space, the body."""
+        mac = hashlib.blake2b(body, key=self.key, digest_size=MAC_BYTES).hexdigest().encode()
+        line = mac + b" " + body + b"\n"
         with self.write_lock:
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
@@ -135,20 +192,69 @@ class Supervisor:
         try:
             request = json.loads(line)
             request_id = request.get("id")
-            op = getattr(self, "op_" + str(request.get("op")), None)
-            if op is None:
-                raise ValueError(f"unknown op {request.get('op')!r}")
-            result = op(request)
+            if not isinstance(request_id, int):
+                raise ValueError("a request needs an integer 'id'")
+            op_name = str(request.get("op"))
+            if op_name in FILE_OPS:
+                fields = self.in_agent_child(FILE_OPS[op_name], request)
+                # The child's JSON object is spliced, not re-parsed: archives can be large.
+                self.send(b'{"id": %d, ' % request_id + fields[1:])
+                return
+            if op_name not in ("ping", "exec"):
+                raise ValueError(f"unknown op {op_name!r}")
+            result = getattr(self, "op_" + op_name)(request)
             self.reply({"id": request_id, "ok": True, **result})
         except Exception as exc:  # every failure becomes a typed reply; the loop must survive
-            error = {"error": type(exc).__name__, "message": str(exc)}
-            if isinstance(exc, OSError) and exc.errno is not None:
-                # The host rebuilds the same OSError subclass from the errno.
-                error.update(errno=exc.errno, message=exc.strerror, filename=exc.filename)
-            self.reply({"id": request_id, "ok": False, **error})
+            self.reply({"id": request_id, **error_reply(exc)})
 
-    def resolve(self, path):
-        return os.path.join(self.workdir, path)
+    def in_agent_child(self, operation, request):
+        """The reply fields (a JSON object, as bytes) of `operation(workdir, request)`, run in a
+        forked child that holds no channel fd and has dropped to the agent's uid: it touches
+        files with exactly the agent's rights, /proc/self is the child, and whatever it meets
+        (FIFO, deep tree, huge file) can kill only it."""
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: only async-signal-safe-ish work until the payload is written
+            status = 0
+            try:
+                # Keep only our pipe: the channel's ends are replaced by /dev/null, and another
+                # child's pipe must not stay open here (its reader would wait for our exit).
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                os.closerange(3, write_end)
+                os.closerange(write_end + 1, 1 << 20)
+                if self.run_as is not None:
+                    uid, gid = self.run_as
+                    os.setgroups([])
+                    os.setresgid(gid, gid, gid)
+                    os.setresuid(uid, uid, uid)
+                try:
+                    payload = json.dumps({"ok": True, **operation(self.workdir, request)})
+                except Exception as exc:
+                    payload = json.dumps(error_reply(exc))
+                data = payload.encode()
+                while data:
+                    data = data[os.write(write_end, data) :]
+            except BaseException:
+                status = 1
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        try:
+            payload = read_until_eof(read_end, time.monotonic() + FILE_OP_DEADLINE_S)
+        finally:
+            os.close(read_end)
+            try:
+                os.kill(pid, signal.SIGKILL)  # gone already unless it overran its deadline
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+        if payload is None:
+            raise TimeoutError(f"{request.get('op')} did not finish within {FILE_OP_DEADLINE_S:.0f} s (a FIFO or a huge tree?)")
+        if not payload.startswith(b'{"ok": ') or not payload.endswith(b"}") or b"\n" in payload:
+            raise RuntimeError(f"{request.get('op')} died before it answered")
+        return payload
 
     # -- operations -----------------------------------------------------------------------
 
@@ -161,23 +267,19 @@ class Supervisor:
         env = {**os.environ, **COMMAND_ENV, **request.get("env", {})}
         oom_before = oom_kill_count()
         started = time.monotonic()
+        identity = {} if self.run_as is None else {"user": self.run_as[0], "group": self.run_as[1], "extra_groups": []}
         proc = subprocess.Popen(
-            ["bash", "-c", request["cmd"]],
+            ["bash", "-c", OOM_PREFIX + request["cmd"]],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self.workdir,
             env=env,
             start_new_session=True,
+            **identity,
         )
         with self.running_lock:
             self.running.add(proc.pid)
-        try:
-            # Make the command, not the supervisor, the OOM killer's first choice (raising needs no privilege).
-            with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:
-            pass
         try:
             stdout, stderr, timed_out = self.collect(proc, timeout_s, cap)
         finally:
@@ -262,44 +364,152 @@ class Supervisor:
             proc.stderr.close()
         return stdout, stderr, timed_out
 
-    def op_read_file(self, request):
-        with open(self.resolve(request["path"]), "rb") as f:
-            return {"data": base64.b64encode(f.read()).decode()}
 
-    def op_write_file(self, request):
-        path = self.resolve(request["path"])
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(base64.b64decode(request["data"]))
-        os.chmod(path, int(request.get("mode", 0o644)))
-        return {}
+# -- file operations: each runs in a child (Supervisor.in_agent_child) ----------------------
 
-    def op_put_archive(self, request):
-        dest = self.resolve(request.get("dest", "."))
-        os.makedirs(dest, exist_ok=True)
-        # Archives come from the host, never from the agent, and extraction runs with the
-        # agent's own rights inside the sandbox, so members are not filtered further.
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(request["data"])), mode="r:") as tar:
-            tar.extractall(dest)
-        return {}
 
-    def op_get_archive(self, request):
-        path = os.path.normpath(self.resolve(request.get("path", ".")))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no such file or directory: {request.get('path', '.')}")
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:") as tar:
-            # A directory's members are relative to it, a file is stored under its own name.
-            tar.add(path, arcname="." if os.path.isdir(path) else os.path.basename(path))
-        return {"data": base64.b64encode(buffer.getvalue()).decode()}
+def resolve(workdir, path):
+    return os.path.join(workdir, path)
+
+
+def open_regular(path, flags):
+    """Open `path` without blocking on a FIFO and insist on a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+    raise OSError(errno.EINVAL, "Not a regular file (FIFO, socket or device)", path)
+
+
+def read_at_most(fd, size):
+    """The file's bytes, but never more than `size` of them (it may grow while we read)."""
+    chunks, left = [], size
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def file_read(workdir, request):
+    path, limit = resolve(workdir, request["path"]), int(request["max_bytes"])
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise TooLarge("FileTooLarge", f"{request['path']} is {size} bytes, over the {limit}-byte bound")
+        data = read_at_most(fd, limit + 1)
+        if len(data) > limit:
+            raise TooLarge("FileTooLarge", f"{request['path']} grew past the {limit}-byte bound while it was read")
+    finally:
+        os.close(fd)
+    return {"data": base64.b64encode(data).decode()}
+
+
+def file_write(workdir, request):
+    path = resolve(workdir, request["path"])
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        data = base64.b64decode(request["data"])
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fchmod(fd, int(request.get("mode", 0o644)))
+    finally:
+        os.close(fd)
+    return {}
+
+
+def archive_put(workdir, request):
+    dest = resolve(workdir, request.get("dest", "."))
+    os.makedirs(dest, exist_ok=True)
+    # Archives come from the host, never from the agent, and extraction runs with the
+    # agent's own rights inside the sandbox, so members are not filtered further.
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(request["data"])), mode="r:") as tar:
+        tar.extractall(dest)
+    return {}
+
+
+def walk_tree(root):
+    """(path, arcname, lstat) of `root` and everything under it, depth-first, without
+    recursion (1,200 nested directories are fine) and without following symlinks."""
+    top = os.lstat(root)
+    if not stat.S_ISDIR(top.st_mode):
+        yield root, os.path.basename(root), top
+        return
+    stack = [(root, ".", top)]
+    while stack:
+        path, arcname, info = stack.pop()
+        yield path, arcname, info
+        if stat.S_ISDIR(info.st_mode):
+            with os.scandir(path) as entries:
+                children = sorted(((entry.name, entry.stat(follow_symlinks=False)) for entry in entries), key=lambda child: child[0])
+            for name, child in reversed(children):
+                stack.append((os.path.join(path, name), arcname + "/" + name, child))
+
+
+def archive_get(workdir, request):
+    """Tar of a path, sized from lstat before any file is read: ArchiveTooLarge over the bound.
+
+    Regular files are opened without following a symlink or blocking on a FIFO and read no
+    further than the size they had when counted; sockets and devices are left out."""
+    root, limit = os.path.normpath(resolve(workdir, request.get("path", "."))), int(request["max_bytes"])
+    members = list(walk_tree(root))
+    total = sum(TAR_MEMBER_OVERHEAD + len(arcname) + (info.st_size if stat.S_ISREG(info.st_mode) else 0) for _, arcname, info in members)
+    if total > limit:
+        raise TooLarge("ArchiveTooLarge", f"{request.get('path', '.')} holds about {total} bytes in {len(members)} entries, over the {limit}-byte bound")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+        for path, arcname, info in members:
+            if stat.S_ISREG(info.st_mode):
+                with os.fdopen(open_regular(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as file:
+                    member = tar.gettarinfo(arcname=arcname, fileobj=file)
+                    if not member.isreg():  # a hard link to a member already stored
+                        tar.addfile(member)
+                        continue
+                    data = read_at_most(file.fileno(), info.st_size)  # the size counted above
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+            elif stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode) or stat.S_ISFIFO(info.st_mode):
+                tar.addfile(tar.gettarinfo(path, arcname))
+    return {"data": base64.b64encode(buffer.getvalue()).decode()}
+
+
+FILE_OPS = {"read_file": file_read, "write_file": file_write, "put_archive": archive_put, "get_archive": archive_get}
+
+
+def read_until_eof(fd, deadline):
+    """All bytes from `fd` until EOF, or None when `deadline` (monotonic) passes first."""
+    chunks = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(remaining):
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
 
 
 def main(argv):
     parser = argparse.ArgumentParser(prog="supervisor")
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--run-as", help="UID:GID that commands and file operations drop to (the supervisor is root)")
     args = parser.parse_args(argv)
+    run_as = tuple(int(part) for part in args.run_as.split(":")) if args.run_as else None
+    # The key is the first line after the source, sent before any command can run; it never
+    # appears in argv or the environment.
+    key = bytes.fromhex(sys.stdin.buffer.readline().decode())
+    make_non_dumpable()
+    # File operations fork from a threaded process on purpose; the children touch no lock
+    # another thread could hold (no logging, no imports, no sys.stdout) and _exit at once.
+    warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
     os.chdir(args.workdir)
-    Supervisor(args.workdir).serve()
+    Supervisor(args.workdir, key, run_as).serve()
 
 
 if __name__ == "__main__":
