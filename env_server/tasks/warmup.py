@@ -286,9 +286,10 @@ def _distinct_cases(
     return cases
 
 
-def _spread(cases: Sequence[tuple[tuple[Any, ...], Any]]) -> bool:
-    """At least three distinct answers, so no constant function passes most checks."""
-    return len({json.dumps(expected) for _, expected in cases}) >= min(3, len(cases))
+def _spread(cases: Sequence[tuple[tuple[Any, ...], Any]], distinct: int = HIDDEN_CASES - 1) -> bool:
+    """At least `distinct` different answers: a constant function passes at most two of five
+    checks of a function written from scratch, and never all checks of a bug fix."""
+    return len({json.dumps(expected) for _, expected in cases}) >= distinct
 
 
 def _function_name(rng: random.Random, shape: _Shape) -> str:
@@ -434,8 +435,9 @@ _TEMPLATES: tuple[_FunctionTemplate, ...] = (
         'def $name(score: int) -> str:\n    """\'A\' for a score of at least $high, \'B\' for at least $low, else \'C\'."""\n',
         "    if score >= $high:\n        return 'A'\n    if score >= $low:\n        return 'B'\n    return 'C'\n",
         lambda rng, c: (rng.randint(c["low"] - 6, c["high"] + 6),),
-        (_Bug("wrong_constant", "score >= $high", "score >= $high_wrong"),
-         _Bug("wrong_operator", "score >= $low", "score <= $low")),
+        # Only bugs whose failing inputs need two different answers (not just 'A'): a constant
+        # function must not pass a bug-fix task's hidden checks.
+        (_Bug("wrong_operator", "score >= $low", "score <= $low"),),
         {"low": _grade_constants},
     ),
     _FunctionTemplate(
@@ -452,9 +454,8 @@ _MODULES_L2 = ("inventory", "textkit", "scoring", "mathkit", "shop", "records")
 
 def _template_constants(template: _FunctionTemplate, rng: random.Random) -> dict[str, Any]:
     constants = {name: draw(rng) for name, draw in template.constants.items()}
-    if "low" in constants:  # letter grades: a B band of 10-20 points, and a plausible wrong A bound
+    if "low" in constants:  # letter grades: a B band of 10-20 points
         constants["high"] = constants["low"] + rng.randint(10, 20)
-        constants["high_wrong"] = constants["high"] + rng.randint(2, 5)
     return constants
 
 
@@ -503,7 +504,7 @@ def _level_two(rng: random.Random) -> _Draft:
         # Only inputs where the bug shows: the untouched module fails every hidden check.
         differs = lambda args, expected, n=name: _call(broken, module, n, args) != expected  # noqa: E731
         failing = _distinct_cases(rng, draw, reference, 1 + HIDDEN_CASES, differs=differs)
-        if len(failing) < 1 + _MIN_HIDDEN_CASES:
+        if len(failing) < 1 + _MIN_HIDDEN_CASES or not _spread(failing[1:], distinct=2):
             raise _Redraw
         visible.insert(0, CallChecks(module, name, tuple(failing[:1])))
         hidden.append(CallChecks(module, name, tuple(failing[1:])))
@@ -571,7 +572,7 @@ def _caller_checks(
     differs = lambda args, expected: _call(broken, names.caller_module, names.caller, args) != expected  # noqa: E731
     reference = lambda args: _call(fixed, names.caller_module, names.caller, args)  # noqa: E731
     cases = _distinct_cases(rng, draw_items, reference, 1 + 3, differs=differs)
-    if len(cases) < 1 + _MIN_HIDDEN_CASES:
+    if len(cases) < 1 + _MIN_HIDDEN_CASES or not _spread(cases[1:], distinct=2):
         raise _Redraw
     return CallChecks(names.caller_module, names.caller, tuple(cases[:1])), CallChecks(names.caller_module, names.caller, tuple(cases[1:]))
 
