@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from trainer_client.hint_sites import environment_call
+
 ToolCall = tuple[str, dict[str, Any]]
 
 
@@ -83,14 +85,8 @@ class ConcurrentToolRounds:
         if any(last is message for message in self._dispatched):
             return None
         self._dispatched.append(last)
-        calls = []
-        for call in last["tool_calls"]:
-            if call.get("type") != "function":
-                continue
-            name, arguments = call["function"]["name"], call["function"].get("arguments")
-            if name in self._tools[rollout] and isinstance(arguments, Mapping) and all(isinstance(k, str) for k in arguments):
-                calls.append((name, dict(arguments)))
-        return calls
+        calls = (environment_call(call, self._tools[rollout]) for call in last["tool_calls"])
+        return [call for call in calls if call is not None]
 
     def _dispatch_round(self) -> None:
         for rollout, pending in enumerate(self._pending):

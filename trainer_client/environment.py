@@ -28,39 +28,44 @@ EPISODE_OVER = "The episode is over: no more tool calls are accepted."
 class CodingEnvironment:
     """One rollout's session of the service. Tool methods are added by `environment_class`."""
 
-    def __init__(self, settings: ClientSettings, *, grade_unsubmitted: bool = True) -> None:
+    def __init__(self, settings: ClientSettings, *, grade_unsubmitted: bool = False) -> None:
         self._client = CodingEnvClient(settings)
         self._grade_unsubmitted = grade_unsubmitted
         self._finalizer = weakref.finalize(self, self._client.close)
         self.tool_calls: list[ToolCallRecord] = []
         """Every tool call of the current episode, in order (read by the trainer for hint sites)."""
-        self._done = False
-        self._reward: float | None = None
+        self.task_id: str | None = None
+        """The task of the current episode, as the service named it."""
+        self.episode_over = False
+        """The policy's own calls ended the episode (`submit`, or the service's step limit)."""
+        self.reward: float | None = None
+        """The episode's grade, once there is one."""
 
     def reset(self, **row: Any) -> str:
         """Start an episode on the row's `task_id` (or a `seed`-picked task); returns the task prompt."""
         info = self._client.reset(row.get("task_id"), seed=row.get("seed"))
         self.tool_calls = []
-        self._done = False
-        self._reward = None
+        self.task_id = info.task_id
+        self.episode_over = False
+        self.reward = None
         return info.prompt
 
     def get_reward(self) -> float:
-        """The service's grade of the episode; an unsubmitted episode is graded now (or scores 0)."""
-        if not self._done and self._grade_unsubmitted:
-            # Not recorded in `tool_calls`: the policy did not make this call.
-            result = self._client.step("submit", {})
-            self._done, self._reward = result.done, result.reward
-        return float(self._reward or 0.0)
+        """The service's grade of the episode. An episode the policy did not submit scores 0, unless the
+        environment was made with `grade_unsubmitted` (then it is submitted and graded now)."""
+        if not self.episode_over and self._grade_unsubmitted and self.reward is None:
+            # Not recorded in `tool_calls`, and `episode_over` stays False: the policy did not make this call.
+            self.reward = self._client.step("submit", {}).reward
+        return float(self.reward or 0.0)
 
     def _call(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        if self._done:
+        if self.episode_over or self.reward is not None:  # submitted, or graded by `get_reward`
             self.tool_calls.append(ToolCallRecord(tool_name, None, None))
             return EPISODE_OVER
         result = self._client.step(tool_name, arguments)
         self.tool_calls.append(ToolCallRecord(tool_name, result.observation.error_kind, result.observation.hint))
         if result.done:
-            self._done, self._reward = True, result.reward
+            self.episode_over, self.reward = True, result.reward
         return result.observation.output
 
     def _close(self) -> None:
@@ -131,8 +136,14 @@ def environment_class(tools: list[dict[str, Any]]) -> type[CodingEnvironment]:
     return type("CodingEnvironment", (CodingEnvironment,), {**methods, "__doc__": CodingEnvironment.__doc__})
 
 
-def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = True) -> Callable[[], CodingEnvironment]:
-    """Reads the service's tools once and returns the factory TRL calls per rollout slot."""
+def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = False) -> Callable[[], CodingEnvironment]:
+    """Reads the service's tools once and returns the factory TRL calls per rollout slot.
+
+    Args:
+        settings: Where the service is.
+        grade_unsubmitted: Grade an episode the policy left unsubmitted as if it had submitted (default:
+            it scores 0, so that reward means submitted work; decision 063).
+    """
     with CodingEnvClient(settings) as client:
         tools = client.list_tools()
     return functools.partial(environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted)

@@ -1,15 +1,19 @@
-"""Where the SDPO channel acts: hinted tool errors, located in a rollout's tokens.
+"""Where the SDPO channel acts: the turns the policy got wrong, located in a rollout's tokens.
 
 The environment records every tool call it served (`ToolCallRecord`). After a rollout, the trainer
-maps those records onto the assistant turns of the completion (`locate_hint_sites`) and builds, per
-hinted turn k, the teacher's input: the same tokens with a chat-templated hint message inserted just
-before turn k's assistant header (`teacher_sequence`). Student and teacher then score the identical
-tokens of turn k, position for position.
+reads each assistant turn (`turn_reports`): the service's error kinds for the calls that reached it,
+and the failures TRL answers itself and the service never sees (an unparsable call, an unknown tool,
+arguments that are not named parameters, a turn with no call before the episode is over), each with
+a hint. `locate_hint_sites` puts the failed turns into completion token coordinates and, per turn k,
+`teacher_sequence` builds the teacher's input: the same tokens with a chat-templated hint message
+inserted just before turn k's assistant header. Student and teacher then score the identical tokens
+of turn k, position for position. Blame rules: docs/decisions/063-hint-sites-at-every-policy-failure.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +31,7 @@ class ToolCallRecord:
 
 @dataclass(frozen=True)
 class HintSite:
-    """An assistant turn whose tool call failed with a hint, in completion token coordinates."""
+    """An assistant turn the policy got wrong, with the hints for it, in completion token coordinates."""
 
     turn: int
     """Index of the assistant turn in the rollout (0 = the first reply)."""
@@ -35,6 +39,8 @@ class HintSite:
     """Completion index of the turn's first token."""
     end: int
     """Completion index one past the turn's last token."""
+    hints: tuple[str, ...]
+    """The hints of the turn's failures, in order."""
     hint_ids: tuple[int, ...]
     """The chat-templated hint message the teacher reads before the turn."""
     error_kinds: tuple[str, ...]
@@ -105,59 +111,176 @@ def assistant_turn_spans(model_token_mask: Sequence[int]) -> list[tuple[int, int
     return spans
 
 
-def environment_calls_per_turn(messages: Sequence[dict[str, Any]], tool_names: set[str]) -> list[int]:
-    """For each assistant message, how many of its tool calls reached the environment.
+def environment_call(call: Mapping[str, Any], tool_names: Iterable[str]) -> tuple[str, dict[str, Any]] | None:
+    """`(name, arguments)` when TRL's tool loop hands this parsed call to an environment method.
 
-    Mirrors the trainer's tool loop: calls of an unknown tool or of a non-function type are answered
-    by the trainer itself and never produce a `ToolCallRecord`.
+    TRL 1.16 runs `tools[name](**arguments)` for a `function` call of a known tool; anything else
+    (another type, an unknown name, arguments that are not a mapping of names) it answers itself
+    with an `{"error": ...}` tool message, and the environment never sees the call.
     """
-    counts = []
-    for message in messages:
-        if message.get("role") != "assistant":
-            continue
-        calls = message.get("tool_calls") or []
-        counts.append(
-            sum(1 for call in calls if call.get("type") == "function" and call["function"]["name"] in tool_names)
-        )
-    return counts
+    if call.get("type") != "function":
+        return None
+    name, arguments = call["function"]["name"], call["function"].get("arguments")
+    if name not in tool_names or not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
+        return None
+    return name, dict(arguments)
 
 
-def locate_hint_sites(
+INFRASTRUCTURE_KINDS = frozenset({ErrorKind.SANDBOX_ERROR})
+"""Service error kinds that are not the policy's doing: never a hint site."""
+
+FORMAT_KINDS = frozenset({ErrorKind.JSON_DECODE, ErrorKind.TOOL_NOT_FOUND, ErrorKind.TYPE_ERROR, ErrorKind.NO_TOOL_CALL})
+"""Kinds that mean the turn did not make a usable tool call (for the valid-call rate)."""
+
+TRAINER_HINTS: dict[ErrorKind, str] = {
+    ErrorKind.TOOL_NOT_FOUND: "That tool does not exist. Call one of: {tools}.",
+    ErrorKind.JSON_DECODE: (
+        "The tool call was not valid JSON. Write exactly one JSON object "
+        '{{"name": <tool>, "arguments": {{...}}}} per call, with double-quoted keys and escaped quotes and newlines.'
+    ),
+    ErrorKind.TYPE_ERROR: "The arguments must be one JSON object of the tool's named parameters.",
+    ErrorKind.NO_TOOL_CALL: (
+        "This turn called no tool, so the episode ended unsubmitted. Every turn must call a tool ({tools}); "
+        "call submit once the work is done."
+    ),
+}
+"""Hints for the failures TRL answers itself (the service never sees them; decision 063)."""
+
+MAX_ERROR_CHARS = 240
+"""Longest error text quoted in a trainer-side hint."""
+
+
+def _clamp(text: str, max_chars: int = MAX_ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+
+
+def _trainer_hint(kind: ErrorKind, tool_names: Iterable[str], error: str | None = None) -> str:
+    hint = TRAINER_HINTS[kind].format(tools=", ".join(sorted(tool_names)))
+    return f"{hint} Error: {_clamp(error)}" if error else hint
+
+
+def _json_error(content: str, marker: str) -> str:
+    """Why the text after the tool-call opener did not parse, with the offending text (clamped)."""
+    body = content.split(marker, 1)[1]
+    body = body.split(marker[:1] + "/" + marker[1:], 1)[0].strip()  # up to the closer, `</tool_call>`
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as error:
+        return f"{error.msg} (char {error.pos}) in {body}"
+    return f'not a call object with a "name" and an "arguments" object: {body}'
+
+
+@dataclass(frozen=True)
+class TurnFailure:
+    """One failure the policy caused in an assistant turn, with the hint its teacher reads."""
+
+    kind: ErrorKind
+    hint: str
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    """What one assistant turn did: how many tool calls it made and which of them failed."""
+
+    calls: int
+    """Tool calls TRL parsed out of the turn."""
+    failures: tuple[TurnFailure, ...]
+
+    @property
+    def valid_call(self) -> bool:
+        """The turn made at least one tool call and none was malformed."""
+        return self.calls > 0 and not any(f.kind in FORMAT_KINDS for f in self.failures)
+
+
+def turn_reports(
     records: Sequence[ToolCallRecord],
     messages: Sequence[dict[str, Any]],
     tool_names: set[str],
-    model_token_mask: Sequence[int],
-    template: HintTemplate,
-) -> list[HintSite]:
-    """Hint sites of one rollout, or none when records, messages and tokens do not line up.
+    *,
+    episode_over: bool,
+    last_turn_ended: bool,
+    tool_call_marker: str = "<tool_call>",
+) -> list[TurnReport] | None:
+    """Per assistant turn, its calls and the failures it is blamed for (decision 063); None when the
+    environment's records and the turns' calls do not line up.
 
     Args:
         records: The environment's calls in order.
-        messages: The rollout's completion messages (assistant and tool), as the trainer parsed them.
+        messages: The rollout's completion messages (assistant and tool), as TRL parsed them.
         tool_names: Names of the environment's tools.
+        episode_over: The policy's calls ended the episode (submit or the step limit).
+        last_turn_ended: The last turn ended with an end-of-turn token (not cut by the length budget).
+        tool_call_marker: The text that opens a tool call in the chat template (Qwen2.5/Hermes: `<tool_call>`).
+    """
+    turns = [m for m in messages if m.get("role") == "assistant"]
+    reports, cursor = [], 0
+    for index, turn in enumerate(turns):
+        last = index == len(turns) - 1
+        calls = turn.get("tool_calls") or []
+        environment_calls = sum(1 for call in calls if environment_call(call, tool_names) is not None)
+        remaining = len(records) - cursor
+        if last and remaining == 0:
+            environment_calls = 0  # the tool-iteration limit: TRL stopped before running this turn's calls
+        elif remaining < environment_calls or (last and remaining != environment_calls):
+            return None
+        turn_records = iter(records[cursor : cursor + environment_calls])
+        cursor += environment_calls
+        failures = []
+        for call in calls:
+            name = call.get("function", {}).get("name") if call.get("type") == "function" else None
+            if name is None:
+                error = f"unsupported tool call type {call.get('type')!r}"
+                failures.append(TurnFailure(ErrorKind.TYPE_ERROR, _trainer_hint(ErrorKind.TYPE_ERROR, tool_names, error)))
+            elif name not in tool_names:
+                error = f"Tool {name!r} not found."
+                failures.append(TurnFailure(ErrorKind.TOOL_NOT_FOUND, _trainer_hint(ErrorKind.TOOL_NOT_FOUND, tool_names, error)))
+            elif environment_call(call, tool_names) is None:
+                arguments = call["function"].get("arguments")
+                error = f"{name} got arguments of type {type(arguments).__name__}: {json.dumps(arguments, default=str)}"
+                failures.append(TurnFailure(ErrorKind.TYPE_ERROR, _trainer_hint(ErrorKind.TYPE_ERROR, tool_names, error)))
+            elif environment_calls:
+                record = next(turn_records)
+                if record.error_kind is not None and record.error_kind not in INFRASTRUCTURE_KINDS and record.hint:
+                    failures.append(TurnFailure(record.error_kind, record.hint))
+        content = turn.get("content")
+        if not calls and isinstance(content, str) and (not last or last_turn_ended):
+            if tool_call_marker in content:
+                error = _json_error(content, tool_call_marker)
+                failures.append(TurnFailure(ErrorKind.JSON_DECODE, _trainer_hint(ErrorKind.JSON_DECODE, tool_names, error)))
+            elif not episode_over:
+                failures.append(TurnFailure(ErrorKind.NO_TOOL_CALL, _trainer_hint(ErrorKind.NO_TOOL_CALL, tool_names)))
+        reports.append(TurnReport(calls=len(calls), failures=tuple(failures)))
+    return reports if cursor == len(records) else None
+
+
+def locate_hint_sites(
+    reports: Sequence[TurnReport], model_token_mask: Sequence[int], template: HintTemplate
+) -> list[HintSite]:
+    """Hint sites of one rollout: its failed turns, located in the completion's tokens.
+
+    Args:
+        reports: The rollout's `turn_reports` (none: the rollout gets no sites).
         model_token_mask: Per completion token, 1 where the policy produced it (completion mask x tool mask).
         template: Renders the teacher's hint message.
     """
-    calls_per_turn = environment_calls_per_turn(messages, tool_names)
     spans = assistant_turn_spans(model_token_mask)
-    if sum(calls_per_turn) != len(records) or len(spans) < len(calls_per_turn):
-        return []  # a truncated or malformed rollout: better no teacher signal than a misplaced one
+    if len(spans) < len(reports):
+        return []  # a malformed rollout: better no teacher signal than a misplaced one
     sites = []
-    cursor = 0
-    for turn, count in enumerate(calls_per_turn):
-        turn_records = records[cursor : cursor + count]
-        cursor += count
-        hinted = [r for r in turn_records if r.hint]
-        if not hinted:
+    for turn, report in enumerate(reports):
+        if not report.failures:
             continue
         start, end = spans[turn]
+        hints = tuple(f.hint for f in report.failures)
         sites.append(
             HintSite(
                 turn=turn,
                 start=start,
                 end=end,
-                hint_ids=template.message_ids([r.hint for r in hinted]),
-                error_kinds=tuple(r.error_kind.value if r.error_kind else "none" for r in hinted),
+                hints=hints,
+                hint_ids=template.message_ids(hints),
+                error_kinds=tuple(f.kind.value for f in report.failures),
             )
         )
     return sites

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 from accelerate.utils import is_peft_model
+from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -36,10 +36,11 @@ from trl.trainer.utils import pad
 
 from trainer_client.concurrent_resets import ConcurrentResets
 from trainer_client.concurrent_tools import ConcurrentToolRounds
-from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence
+from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence, turn_reports
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.preferences import PreferenceBatches, SequenceBatch, load_preference_pairs
 from trainer_client.records import PreferencePair
+from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 
 TeacherKind = Literal["live", "ema", "base"]
 
@@ -62,6 +63,13 @@ class ComposerConfig(GRPOConfig):
     )
     teacher_ema_decay: float = field(default=0.99, metadata={"help": "EMA decay per optimizer step ('ema' teacher)."})
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
+    tool_call_marker: str = field(
+        default="<tool_call>",
+        metadata={
+            "help": "Text that opens a tool call in the chat template: a turn with it but no parsed call failed "
+            "to parse (a `json_decode` hint site). Qwen2.5/3 and Hermes templates: `<tool_call>`."
+        },
+    )
     dpo_weight: float = field(default=0.0, metadata={"help": "beta: weight of the DPO loss; 0 disables it."})
     dpo_beta: float = field(default=0.1, metadata={"help": "DPO inverse temperature (IPO: regulariser strength)."})
     dpo_loss_type: str = field(default="sigmoid", metadata={"help": "'sigmoid' (DPO) or 'ipo'."})
@@ -123,12 +131,28 @@ class _EmaTeacherUpdate(TrainerCallback):
         self._trainer._update_ema_teacher()
 
 
+def check_conversational_prompts(dataset: Any) -> None:
+    """Refuse plain-string prompts up front: with `environment_factory`, TRL appends each reset's
+    observation to the prompt's last chat message, and a string fails there with an opaque `TypeError`."""
+    if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names or len(dataset) == 0:
+        return
+    prompt = dataset[0]["prompt"]
+    if not (isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) and "content" in prompt[-1]):
+        raise ValueError(
+            "with environment_factory, each row's `prompt` must be a list of chat messages (the reset observation "
+            f"is appended to the last one's content); got {type(prompt).__name__}. "
+            "Build rows with trainer_client.task_rows.task_row(task_id)."
+        )
+
+
 class ComposerTrainer(GRPOTrainer):
     """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
 
     def __init__(
         self, *args: Any, preference_pairs: Sequence[PreferencePair] | None = None, **kwargs: Any
     ) -> None:
+        if kwargs.get("environment_factory") is not None:
+            check_conversational_prompts(kwargs.get("train_dataset"))
         super().__init__(*args, **kwargs)
         config: ComposerConfig = self.args
         if not isinstance(config, ComposerConfig):
@@ -248,38 +272,50 @@ class ComposerTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         with self._resets.batch(inputs) if self._resets is not None else contextlib.nullcontext():
             output = super()._generate_and_score_completions(inputs)
-        if self.args.sdpo_weight <= 0 or not self.environments:
+        if not self.environments:
             return output
-        model_token_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        hint_sites, records = [], []
-        for index, environment in enumerate(self.environments):
-            calls = list(getattr(environment, "tool_calls", ()))
-            records.extend(calls)
-            tool_names = {tool.__name__ for tool in self._env_tools[self._batch_environments[index]]}
-            hint_sites.append(
-                locate_hint_sites(
-                    calls,
-                    self._rollout_messages[index],
-                    tool_names,
-                    model_token_mask[index].tolist(),
-                    self._hint_template,
-                )
-            )
-        output["hint_sites"] = hint_sites
-        output["hint_tokens"] = self._global_count(sum(s.end - s.start for ss in hint_sites for s in ss))
-        self._log_rollout_errors(records, hint_sites)
+        hint_sites = self._rollout_hint_sites(output)
+        if self.args.sdpo_weight > 0:
+            output["hint_sites"] = hint_sites
+            output["hint_tokens"] = self._global_count(sum(s.end - s.start for ss in hint_sites for s in ss))
         return output
+
+    def _rollout_hint_sites(self, output: dict[str, Any]) -> list[list[HintSite]]:
+        """Per rollout, the turns the policy got wrong (decision 063); logs what the rollouts did."""
+        model_token_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        end_of_turn = set(self.eos_token_ids)
+        reports, hint_sites = [], []
+        for index, environment in enumerate(self.environments):
+            mask = model_token_mask[index].tolist()
+            policy_positions = [position for position, flag in enumerate(mask) if flag]
+            last_turn_ended = bool(policy_positions) and int(output["completion_ids"][index, policy_positions[-1]]) in end_of_turn
+            rollout = turn_reports(
+                list(getattr(environment, "tool_calls", ())),
+                self._rollout_messages[index],
+                {tool.__name__ for tool in self._env_tools[self._batch_environments[index]]},
+                episode_over=getattr(environment, "episode_over", True),
+                last_turn_ended=last_turn_ended,
+                tool_call_marker=self.args.tool_call_marker,
+            )
+            reports.append(rollout)
+            hint_sites.append(locate_hint_sites(rollout or [], mask, self._hint_template))
+        mode = "train" if self.model.training else "eval"
+        metrics = rollout_metrics(
+            reports,
+            hint_sites,
+            [record for environment in self.environments for record in getattr(environment, "tool_calls", ())],
+            [
+                EpisodeOutcome(getattr(environment, "task_id", None), float(getattr(environment, "reward", None) or 0.0))
+                for environment in self.environments
+            ],
+            self.num_generations if mode == "train" else self.num_generations_eval,
+        )
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        return hint_sites
 
     def _global_count(self, local: int) -> torch.Tensor:
         return self.accelerator.gather(torch.tensor(local, device=self.accelerator.device)).sum()
-
-    def _log_rollout_errors(self, records: Sequence[Any], hint_sites: Sequence[Sequence[HintSite]]) -> None:
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        metrics["sdpo/hint_sites"].append(float(sum(len(sites) for sites in hint_sites)))
-        metrics["env/tool_calls"].append(float(len(records)))
-        kinds = Counter(r.error_kind.value for r in records if r.error_kind is not None)
-        for kind, count in kinds.items():
-            metrics[f"env/error_rate/{kind}"].append(count / len(records))
 
     # ----------------------------------------------------------------- loss
 

@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 
 from env_server.models import ErrorKind
-from trainer_client.hint_sites import ToolCallRecord, locate_hint_sites
+from trainer_client.hint_sites import ToolCallRecord, locate_hint_sites, turn_reports
 from trainer_client.policy import load_tool_tokenizer, tiny_random_model
 from trainer_client.records import PreferencePair
 from trainer_client.trainer import ComposerConfig, ComposerTrainer
@@ -133,7 +133,11 @@ def build_batch(trainer: ComposerTrainer, tokenizer: Any, hinted: list[bool]) ->
     completion_mask = torch.tensor([[1] * len(r.completion_ids) + [0] * (completion_width - len(r.completion_ids)) for r in rollouts])
     tool_mask = torch.tensor([r.model_token_mask + [1] * (completion_width - len(r.completion_ids)) for r in rollouts])
     sites = [
-        locate_hint_sites(r.records, r.messages, {"bash"}, (cm * tm).tolist(), trainer._hint_template)
+        locate_hint_sites(
+            turn_reports(r.records, r.messages, {"bash"}, episode_over=True, last_turn_ended=True),
+            (cm * tm).tolist(),
+            trainer._hint_template,
+        )
         for r, cm, tm in zip(rollouts, completion_mask, tool_mask)
     ]
     return {

@@ -100,9 +100,27 @@ def test_environment_methods_are_the_service_tools_with_trl_readable_schemas(ser
         hint = environment.tool_calls[1].hint
         assert hint and hint not in output  # recorded for SDPO, never shown to the policy
         assert wrong_type
+        assert environment.get_reward() == 0.0  # not submitted: scores 0 without asking the service
+        assert not environment.episode_over
+        environment.submit()
+        assert environment.episode_over and environment.task_id == "builtin/fix_median"
         assert 0.0 <= environment.get_reward() <= 1.0  # graded on the service
         assert environment.bash(command="true") == EPISODE_OVER
-        assert len(environment.tool_calls) == 4  # the grading submit is not the policy's call
+        assert len(environment.tool_calls) == 5
+    finally:
+        environment._close()
+
+
+def test_an_unsubmitted_episode_is_graded_only_when_asked(service_url: str) -> None:
+    environment = environment_factory(settings(service_url), grade_unsubmitted=True)()
+    try:
+        environment.reset(task_id="builtin/fizzbuzz")
+        environment.bash(command="true")
+        reward = environment.get_reward()
+        assert 0.0 <= reward <= 1.0 and environment.reward == reward
+        assert not environment.episode_over  # the policy did not end it: a `no_tool_call` turn stays blamed
+        assert environment.bash(command="true") == EPISODE_OVER
+        assert len(environment.tool_calls) == 2  # the grading submit is not the policy's call
     finally:
         environment._close()
 
