@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator, Callable
 
 from fastapi import Body, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
@@ -31,17 +31,18 @@ from openenv.core.env_server.types import (
     StepResponse,
     WSErrorCode,
 )
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_server.environment import (
     ACTIONS,
+    AnyAction,
     CodingEnvironment,
     CodingObservation,
     CodingResetObservation,
     CodingState,
 )
-from env_server.grading import prewarm_grader
+from env_server.grading import GradingConfig, prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
@@ -64,9 +65,33 @@ OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
 }
 """Our refusal codes as OpenEnv's WebSocket error codes (the rest are EXECUTION_ERROR)."""
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ApiError} for status in (401, 404, 409, 413, 422, 503)
+ERROR_MEANINGS: dict[int, str] = {
+    400: "`invalid_json`: the body is not JSON.",
+    401: "`unauthorized`: a token is configured and the request lacks it.",
+    404: "`session_not_found` / `task_not_found` / `not_found`.",
+    409: "`episode_not_started` (no reset yet) or `episode_done` (reset to play again).",
+    413: "`body_too_large`: the body exceeds `max_body_bytes`.",
+    422: "`invalid_request`: the body does not match the schema (an inline task spec included).",
+    500: "`internal_error`: a bug; the connection stays usable.",
+    503: "`capacity_reached` (session cap) or `sandbox_unavailable` (no sandbox could be started).",
 }
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the refusals a route can answer (every route may also answer 401
+    when a token is configured, and 500)."""
+    return {status: {"model": ApiError, "description": ERROR_MEANINGS[status]} for status in sorted({*statuses, 401, 500})}
+
+
+BODY_ERRORS = (400, 413, 422)
+"""What any route with a JSON body can be refused with before it runs."""
+
+
+class StepBody(StepRequest):
+    """Body of `POST /step` and `POST /sessions/{id}/step`: OpenEnv's `StepRequest` whose
+    `action` is one of the action types (a union on `type`), so the schema says what is accepted."""
+
+    action: Annotated[AnyAction, Field(discriminator="type")]  # type: ignore[assignment]
 
 
 @dataclass
@@ -89,8 +114,8 @@ class Service:
             raise
         return serialize_observation(observation)
 
-    async def step(self, session: Session, action: dict[str, Any], transport: str) -> dict[str, Any]:
-        parsed = parse_action(action)
+    async def step(self, session: Session, action: dict[str, Any] | AnyAction, transport: str) -> dict[str, Any]:
+        parsed = parse_action(action) if isinstance(action, dict) else action
         started = time.perf_counter()
         observation = await self.sessions.run(session, session.env.step, parsed)
         self.metrics.step_latency.labels(transport).observe(time.perf_counter() - started)
@@ -141,6 +166,22 @@ def _sandbox_source(
     return pool.checkout, pool
 
 
+def _engine_probe(settings: ServiceSettings) -> Callable[[], bool]:
+    """Whether the sandbox engine answers: Docker's ping; the local backend has no engine to lose."""
+    if settings.sandbox_backend != "docker":
+        return lambda: True
+    import docker
+
+    def ping() -> bool:
+        client = docker.from_env(timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    return ping
+
+
 def _reap_orphans(settings: ServiceSettings) -> None:
     if settings.reap_orphans_on_start and settings.sandbox_backend == "docker":
         from sandbox.docker_backend import reap_orphans
@@ -166,6 +207,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         if pool is not None:
             metrics.track_pool(lambda: pool.ready_count)
         hints = HintGenerator(settings.hints, list(TOOLS))
+        engine_alive = _engine_probe(settings)
         episode_log = EpisodeLog(settings.trajectory_dir) if settings.trajectory_dir else None
 
         def new_environment(session_id: str | None) -> CodingEnvironment:
@@ -177,6 +219,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
                 episode_log=episode_log,
                 session_id=session_id,
                 retire=lambda sandbox: executor.submit(sandbox.close),
+                grading=GradingConfig(monitor_penalty=settings.monitor_penalty),
+                infrastructure_alive=engine_alive,
             )
 
         sessions = SessionManager(
@@ -235,17 +279,17 @@ def _add_error_handlers(app: FastAPI) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             return _error_response(ServiceError(ApiErrorCode.INVALID_JSON, "request body is not valid JSON"))
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
-        return _error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, "request does not match the schema", detail))
+        first = errors[0] if errors else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"request does not match the schema: {where or 'body'}: {first.get('msg', 'invalid')}"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more)"
+        return _error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, message, detail))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: ApiErrorCode.NOT_FOUND, 405: ApiErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ApiErrorCode.INVALID_REQUEST)
         return JSONResponse(ApiError(code=code, message=str(exc.detail)).model_dump(mode="json"), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error_response(ServiceError(ApiErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}"))
 
 
 # Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
@@ -257,11 +301,11 @@ def _add_openenv_routes(app: FastAPI) -> None:
     async def health() -> HealthResponse:
         return HealthResponse(status=HealthStatus.HEALTHY)
 
-    @app.get("/metadata", response_model=EnvironmentMetadata, tags=["OpenEnv"])
+    @app.get("/metadata", response_model=EnvironmentMetadata, responses=errors(), tags=["OpenEnv"])
     async def metadata(request: Request) -> EnvironmentMetadata:
         return _service(request).new_environment(None).get_metadata()
 
-    @app.get("/schema", response_model=SchemaResponse, tags=["OpenEnv"])
+    @app.get("/schema", response_model=SchemaResponse, responses=errors(), tags=["OpenEnv"])
     async def schema() -> SchemaResponse:
         return SchemaResponse(
             action=ACTIONS.json_schema(),
@@ -270,7 +314,7 @@ def _add_openenv_routes(app: FastAPI) -> None:
             state=CodingState.model_json_schema(),
         )
 
-    @app.post("/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
+    @app.post("/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["OpenEnv"])
     async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
         """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
         Use `/sessions` or `/ws` to act on the episode."""
@@ -281,8 +325,8 @@ def _add_openenv_routes(app: FastAPI) -> None:
         finally:
             await service.sessions.close(session.id)
 
-    @app.post("/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["OpenEnv"])
-    async def step(request: Request, body: StepRequest) -> JSONResponse:
+    @app.post("/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 409, 503), tags=["OpenEnv"])
+    async def step(request: Request, body: StepBody) -> JSONResponse:
         """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
         a tool call answers 409 `episode_not_started`."""
         service = _service(request)
@@ -292,42 +336,42 @@ def _add_openenv_routes(app: FastAPI) -> None:
         finally:
             await service.sessions.close(session.id)
 
-    @app.get("/state", response_model=CodingState, tags=["OpenEnv"])
+    @app.get("/state", response_model=CodingState, responses=errors(), tags=["OpenEnv"])
     async def state() -> CodingState:
         """Stateless state (a fresh environment's): sessions have their own `/sessions/{id}/state`."""
         return CodingState()
 
 
 def _add_session_routes(app: FastAPI) -> None:
-    @app.post("/sessions", response_model=SessionCreated, status_code=201, responses=ERROR_RESPONSES, tags=["Sessions"])
+    @app.post("/sessions", response_model=SessionCreated, status_code=201, responses=errors(503), tags=["Sessions"])
     async def open_session(request: Request) -> SessionCreated:
         return SessionCreated(session_id=_service(request).sessions.open().id)
 
-    @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
+    @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["Sessions"])
     async def reset_session(
         request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
     ) -> JSONResponse:
         service = _service(request)
         return JSONResponse(await service.reset(service.sessions.get(session_id), body))
 
-    @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=ERROR_RESPONSES, tags=["Sessions"])
-    async def step_session(request: Request, session_id: str, body: StepRequest) -> JSONResponse:
+    @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
+    async def step_session(request: Request, session_id: str, body: StepBody) -> JSONResponse:
         service = _service(request)
         return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
 
-    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=ERROR_RESPONSES, tags=["Sessions"])
+    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404), tags=["Sessions"])
     async def session_state(request: Request, session_id: str) -> CodingState:
         service = _service(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.state)
 
-    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=ERROR_RESPONSES, tags=["Sessions"])
+    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409), tags=["Sessions"])
     async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
         service = _service(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
 
-    @app.delete("/sessions/{session_id}", status_code=204, responses=ERROR_RESPONSES, tags=["Sessions"])
+    @app.delete("/sessions/{session_id}", status_code=204, responses=errors(404), tags=["Sessions"])
     async def close_session(request: Request, session_id: str) -> Response:
         await _service(request).sessions.close(session_id)
         return Response(status_code=204)
@@ -370,7 +414,7 @@ async def handle_rpc(service: Service, rpc: JsonRpcRequest, bound: Session | Non
 
 
 def _add_mcp_route(app: FastAPI) -> None:
-    @app.post("/mcp", tags=["OpenEnv"])
+    @app.post("/mcp", responses=errors(413), tags=["OpenEnv"])
     async def mcp(request: Request) -> dict[str, Any]:
         """MCP JSON-RPC 2.0: `tools/list`, `tools/call` (with `session_id`), `openenv/session/create|close`."""
         try:
@@ -462,11 +506,11 @@ def _add_websocket_route(app: FastAPI) -> None:
 
 
 def _add_operations_routes(app: FastAPI) -> None:
-    @app.get("/metrics", tags=["Operations"], response_class=Response)
+    @app.get("/metrics", tags=["Operations"], response_class=Response, responses=errors())
     async def prometheus_metrics(request: Request) -> Response:
         return Response(_service(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/tasks", response_model=TaskPage, responses=ERROR_RESPONSES, tags=["Operations"])
+    @app.get("/tasks", response_model=TaskPage, responses=errors(404, 422), tags=["Operations"])
     async def list_tasks(
         request: Request,
         suite: str | None = Query(default=None, description="Only this suite's tasks."),

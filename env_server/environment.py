@@ -10,8 +10,12 @@ OpenEnv's base classes over them, so each field is declared once.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable
 
@@ -22,8 +26,8 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field, TypeAdapter, ValidationError
 
 from env_server.error_kinds import FailureStreak
-from env_server.grading import TaskSetupError, prepare_workspace
-from env_server.hints import HintGenerator
+from env_server.grading import GradingConfig, TaskSetupError, prepare_workspace
+from env_server.hints import Hint, HintGenerator
 from env_server.models import (
     ApiErrorCode,
     AssistantMessageAction,
@@ -44,6 +48,8 @@ from env_server.tool_call_parser import ToolCallParseError, load_json_object, pa
 from env_server.tools import TOOLS, Tool, ToolOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox.base import Sandbox, SandboxError
+
+log = logging.getLogger(__name__)
 
 
 class ListToolsStep(Action, ListToolsAction):
@@ -86,6 +92,12 @@ FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
 TOOL_PARAMETERS: dict[str, list[str]] = {name: list(t.arguments.model_fields) for name, t in TOOLS.items()}
 TOOL_SCHEMAS: list[dict[str, Any]] = [t.openai_schema() for t in TOOLS.values()]
 
+PROMPT_FOOTER = (
+    f"\n\nWork only by calling the tools: {', '.join(TOOLS)}. "
+    "Call submit when you are done: it ends the episode and grades your work with hidden tests."
+)
+"""Appended to every task's prompt at reset: a small model must be told how the episode works."""
+
 
 @dataclass
 class _Call:
@@ -107,6 +119,8 @@ class _Episode:
     streak: FailureStreak = field(default_factory=FailureStreak)
     done: bool = False
     reward: float | None = None
+    late_hints: list[Future[str | None]] = field(default_factory=list)
+    """Judge answers still on their way; each replaces its step's hint in the record on arrival."""
 
 
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
@@ -124,15 +138,21 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         episode_log: EpisodeLog | None = None,
         session_id: str | None = None,
         retire: Callable[[Sandbox], None] = Sandbox.close,
+        grading: GradingConfig | None = None,
+        infrastructure_alive: Callable[[], bool] = lambda: True,
     ) -> None:
         """`grader_checkout` gives the fresh sandbox each submission is graded in (default:
         `checkout`). `retire` disposes of a finished episode's sandbox; the service passes one that
         closes it in the background, so removing a container (~150 ms) is not on the path of reset
-        or submit."""
+        or submit. `infrastructure_alive` says whether the sandbox engine answers; with the grader's
+        checkout it decides who a dead sandbox is blamed on (docs/decisions/024-who-ends-an-episode.md)."""
         super().__init__()
         self._checkout = checkout
         self._grader_checkout = grader_checkout or checkout
         self._retire = retire
+        self._grading = grading or GradingConfig()
+        self._infrastructure_alive = infrastructure_alive
+        self._grader_unavailable: Exception | None = None
         self._tasks = tasks
         self._hints = hints
         self._episode_log = episode_log
@@ -167,13 +187,13 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             session_id=self._session_id or "",
             episode_id=episode_id or uuid.uuid4().hex,
             task_id=spec.id,
-            prompt=spec.prompt,
+            prompt=spec.prompt + PROMPT_FOOTER,
             tools=TOOL_SCHEMAS,
             started_at=time.time(),
         )
-        workspace = Workspace(sandbox, spec, fresh_sandbox=self._grader_checkout)
+        workspace = Workspace(sandbox, spec, fresh_sandbox=self._open_grader, grading=self._grading)
         self._episode = _Episode(spec, sandbox, workspace, record, show_hints)
-        return CodingResetObservation(task_id=spec.id, prompt=spec.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
+        return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
 
     def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
         if isinstance(action, ListToolsStep):
@@ -193,13 +213,13 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             outcome.metadata["underlying_error_kind"] = outcome.error_kind.value
         parsed = {"tool_name": call.tool_name, "arguments": call.arguments} if call.tool else None
         hint = self._hints.hint(kind, output=outcome.output, call=parsed, task_prompt=episode.task.prompt, underlying=outcome.error_kind)
-        output = f"{outcome.output}\n\nHint: {hint}" if hint and episode.show_hints else outcome.output
+        output = f"{outcome.output}\n\nHint: {hint.text}" if hint.text and episode.show_hints else outcome.output
         observation = CodingObservation(
             tool_name=call.tool_name,
             output=output,
             exit_code=outcome.exit_code,
             error_kind=kind,
-            hint=hint,
+            hint=hint.text,
             truncated=outcome.truncated,
             duration_ms=(time.perf_counter() - started) * 1000,
             error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=outcome.output) if kind in FRAMEWORK_ERRORS else None,
@@ -207,8 +227,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             reward=outcome.reward,
             metadata=outcome.metadata,
         )
-        episode.record.steps.append(
-            TrajectoryStep(
+        step = TrajectoryStep(
                 index=len(episode.record.steps),
                 action=action.model_dump(exclude={"metadata"}),
                 parsed_call=parsed,
@@ -218,7 +237,8 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
                 started_at=started_at,
                 monitor_flags=flags,
             )
-        )
+        episode.record.steps.append(step)
+        self._take_late_hint(episode, step, hint)
         if outcome.done:
             self._finish(episode, outcome)
         return observation
@@ -257,8 +277,12 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     # -- Beyond OpenEnv ----------------------------------------------------------------------
 
     def trajectory(self) -> EpisodeRecord:
-        """The current (or last) episode as recorded so far."""
-        return self._active_episode(allow_done=True).record
+        """The current (or last) episode as recorded so far, once the judge hints it is waiting
+        for have arrived (at most the judge's request timeout)."""
+        episode = self._active_episode(allow_done=True)
+        if episode.late_hints:
+            wait_for_futures(episode.late_hints, timeout=self._hints.settle_timeout_s)
+        return episode.record
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -315,23 +339,64 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             return _Call(name, error=ToolOutcome(f"Invalid arguments for {name}: {problems}", error_kind=ErrorKind.TYPE_ERROR))
         return _Call(name, tool, validated.model_dump(exclude_unset=True))
 
-    def _run(self, call: _Call, episode: _Episode) -> ToolOutcome:
+    def _open_grader(self) -> Sandbox:
+        """The grading sandbox; a failure to get one is the infrastructure's, remembered so that
+        whatever grading makes of it, the episode is aborted rather than scored."""
         try:
-            return call.tool.run(episode.workspace, **call.arguments)
+            return self._grader_checkout()
+        except Exception as exc:
+            self._grader_unavailable = exc
+            raise
+
+    def _run(self, call: _Call, episode: _Episode) -> ToolOutcome:
+        self._grader_unavailable = None
+        grading = call.tool_name == "submit"
+        try:
+            outcome = call.tool.run(episode.workspace, **call.arguments)
         except SandboxError as exc:
-            outcome = ToolOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
-            if not episode.sandbox.is_alive():
-                # The episode cannot go on; a null reward tells the trainer to drop it, not to learn from it.
-                outcome.done = True
-                outcome.metadata["aborted"] = "sandbox_error"
-            return outcome
+            outcome = self._sandbox_failure(exc, episode, grading)
+        except Exception as exc:
+            if not grading:
+                raise
+            # Whatever the workspace holds must not crash grading into a 5xx: it scores 0.
+            outcome = _grading_failed(episode, exc)
+        if grading and self._grader_unavailable is not None:
+            outcome = _aborted(f"no grading sandbox could be started: {self._grader_unavailable}")
+        return outcome
+
+    def _sandbox_failure(self, exc: SandboxError, episode: _Episode, grading: bool) -> ToolOutcome:
+        """Who a `SandboxError` is blamed on (docs/decisions/024-who-ends-an-episode.md): the engine
+        gone is the infrastructure's (abort, reward null); anything else that happens to a sandbox
+        the agent has been acting in is the agent's (reward 0)."""
+        if not _answers(self._infrastructure_alive):
+            return _aborted(f"the sandbox engine does not answer: {exc}")
+        if _answers(episode.sandbox.is_alive):
+            if grading:
+                return _grading_failed(episode, exc)
+            return ToolOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
+        kind = ErrorKind.OOM if "OOM killer" in str(exc) else ErrorKind.SANDBOX_ERROR
+        return _ended(kind, f"The sandbox died: {exc}", reward=0.0)
 
     def _grade_at_step_limit(self, last: ToolOutcome, episode: _Episode) -> ToolOutcome:
         graded = self._run(_Call("submit", TOOLS["submit"]), episode)
         last.output = f"{last.output}\n\n[step limit reached] {graded.output}".lstrip()
-        last.done, last.reward = graded.done, graded.reward
+        last.done, last.reward = True, graded.reward
+        if graded.error_kind is not None:
+            last.error_kind = graded.error_kind
         last.metadata.update(graded.metadata, step_limit_reached=True)
         return last
+
+    def _take_late_hint(self, episode: _Episode, step: TrajectoryStep, hint: Hint) -> None:
+        """When the judge answers after the step went out, its hint replaces the template in the record."""
+        if hint.later is None:
+            return
+
+        def land(answer: Future[str | None]) -> None:
+            if not answer.cancelled() and answer.exception() is None and answer.result():
+                step.observation.hint = answer.result()
+
+        hint.later.add_done_callback(land)
+        episode.late_hints.append(hint.later)
 
     def _finish(self, episode: _Episode, outcome: ToolOutcome) -> None:
         episode.done, episode.reward = True, outcome.reward
@@ -344,4 +409,54 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         # The graded sandbox is of no further use; free it now rather than at the next reset.
         self._retire(episode.sandbox)
         if self._episode_log is not None:
-            self._episode_log.append(record)
+            _when_settled(episode.late_hints, lambda: self._episode_log.append(record))
+
+
+def _answers(probe: Callable[[], bool]) -> bool:
+    try:
+        return probe()
+    except Exception:
+        return False
+
+
+def _grading_failed(episode: _Episode, exc: Exception) -> ToolOutcome:
+    # The policy sees the exception's type only: its text may name grader paths or hidden tests.
+    log.warning("grading %s failed: %s: %s", episode.task.id, type(exc).__name__, exc)
+    return _ended(
+        ErrorKind.GRADING_ERROR,
+        f"Grading failed ({type(exc).__name__}): the workspace could not be copied out and tested. Reward 0.",
+        reward=0.0,
+    )
+
+
+def _ended(kind: ErrorKind, reason: str, *, reward: float) -> ToolOutcome:
+    """An outcome that ends the episode on the agent's account."""
+    return ToolOutcome(reason, error_kind=kind, done=True, reward=reward, metadata={"aborted": False, "reason": reason})
+
+
+def _aborted(reason: str) -> ToolOutcome:
+    """An outcome that ends the episode on the infrastructure's account: no reward to learn from."""
+    return ToolOutcome(
+        f"Sandbox failure: {reason}", error_kind=ErrorKind.SANDBOX_ERROR, done=True, reward=None,
+        metadata={"aborted": True, "reason": reason},
+    )
+
+
+def _when_settled(pending: list[Future[str | None]], then: Callable[[], None]) -> None:
+    """Call `then` now, or once every future in `pending` is done (on the last one's thread)."""
+    remaining = [f for f in pending if not f.done()]
+    if not remaining:
+        then()
+        return
+    count, lock = len(remaining), threading.Lock()
+
+    def one_done(_: Future[str | None]) -> None:
+        nonlocal count
+        with lock:
+            count -= 1
+            last = count == 0
+        if last:
+            then()
+
+    for future in remaining:
+        future.add_done_callback(one_done)

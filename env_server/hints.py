@@ -2,10 +2,13 @@
 
 1. A template per error kind (always).
 2. The raw error text, for the tool/runtime kinds where the message itself is the lesson.
-3. An optional LLM judge (any OpenAI-compatible endpoint) that rewrites the hint with the task
-   and the failing call in view; answers are cached on disk under a stable hash of the request.
+3. An optional LLM judge (any OpenAI-compatible endpoint), the last and paid layer: asked only
+   for the kinds where layers 1-2 say little (`HintSettings.judge_kinds`), answered off the
+   step's path (the step waits at most `judge_wait_s`; a later answer replaces the hint in the
+   trajectory), cached on disk under a stable hash of the request.
 
 Hints feed the SDPO teacher context; they reach the policy only when reset asked for `show_hints`.
+Why the judge is asynchronous and bounded: docs/decisions/025-hint-judge-last-and-bounded.md.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +46,9 @@ TEMPLATES: dict[ErrorKind, str] = {
     ErrorKind.OOM: "The command ran out of memory. Process the data in smaller pieces instead of loading it all at once.",
     ErrorKind.TEST_FAILURE: "Some tests fail. Read the first failing assertion, fix the code it points to, then run the tests again.",
     ErrorKind.REPEATED_FAILURE: "The same error ({underlying}) three or more times in a row. Stop repeating the same approach: re-read the task and the last error, then try something different.",
-    ErrorKind.SANDBOX_ERROR: "The sandbox failed; this is not your fault. The episode has to be restarted.",
+    ErrorKind.SANDBOX_ERROR: "The sandbox could not carry out the call. Do not kill processes you did not start or exhaust memory or disk: a sandbox that dies ends the episode with reward 0.",
+    ErrorKind.NO_TOOL_CALL: "Your reply called no tool. Every turn must call one of: {tools}; call submit when the work is done.",
+    ErrorKind.GRADING_ERROR: "Your workspace could not be graded (unreadable files, a folder where a file belongs, or too much data), so it scored 0. Keep the workspace readable and small.",
 }
 
 RAW_TEXT_KINDS = frozenset({ErrorKind.TOOL_NOT_FOUND, ErrorKind.JSON_DECODE, ErrorKind.TYPE_ERROR, ErrorKind.RUNTIME_ERROR})
@@ -55,6 +66,47 @@ def clamp(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
 
 
+@dataclass
+class Hint:
+    """A step's hint: the text to send now, and the judge's answer if it is still on its way."""
+
+    text: str | None
+    later: Future[str | None] | None = None
+    """Resolves to the judge's (clamped) hint, or None if it failed; the trajectory takes it."""
+
+
+class HintCache:
+    """The judge's answers on disk, one JSON file per request hash.
+
+    Written atomically (a temp file renamed into place), so a reader never sees half a file;
+    read defensively, so a damaged entry (truncated, not JSON, wrong shape) is a miss."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+
+    def path(self, request: dict[str, Any]) -> Path:
+        key = hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+        return self._directory / f"{key}.json"
+
+    def get(self, request: dict[str, Any]) -> str | None:
+        try:
+            hint = json.loads(self.path(request).read_text(encoding="utf-8"))["hint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return hint if isinstance(hint, str) and hint.strip() else None
+
+    def put(self, request: dict[str, Any], hint: str) -> None:
+        target = self.path(request)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump({"hint": hint}, out)
+            os.replace(temporary, target)
+        except OSError as exc:
+            log.warning("hint cache write failed: %s", exc)
+
+
 class HintGenerator:
     """Makes the hint for one failed call; see the module docstring for the layers."""
 
@@ -62,6 +114,10 @@ class HintGenerator:
         self._settings = settings
         self._tool_names = ", ".join(tool_names)
         self._client = httpx.Client(timeout=settings.llm_timeout_s) if settings.llm_url else None
+        self._cache = HintCache(settings.cache_dir) if settings.cache_dir else None
+        self._judges = ThreadPoolExecutor(settings.judge_concurrency, thread_name_prefix="hint-judge") if self._client else None
+        self._in_flight = 0
+        self._lock = threading.Lock()
 
     def hint(
         self,
@@ -71,22 +127,43 @@ class HintGenerator:
         call: dict[str, Any] | None,
         task_prompt: str,
         underlying: ErrorKind | None = None,
-    ) -> str | None:
-        """The hint for a step whose outcome was `kind` (None: no hint)."""
+    ) -> Hint:
+        """The hint for a step whose outcome was `kind` (text None: no hint)."""
         if kind is None:
-            return None
-        hint = TEMPLATES[kind].format(tools=self._tool_names, underlying=(underlying or kind).value)
+            return Hint(None)
+        draft = TEMPLATES[kind].format(tools=self._tool_names, underlying=(underlying or kind).value)
         if kind in RAW_TEXT_KINDS and output:
-            hint += f" Error: {output}"
-        if self._client is not None:
-            hint = self._judge(kind, output, call, task_prompt, hint) or hint
-        return clamp(hint, self._settings.max_chars)
+            draft += f" Error: {output}"
+        draft = clamp(draft, self._settings.max_chars)
+        if self._judges is None or kind not in self._settings.judge_kinds:
+            return Hint(draft)
+        request = self._judge_request(kind, output, call, task_prompt, draft)
+        cached = self._cache.get(request) if self._cache else None
+        if cached is not None:
+            return Hint(clamp(cached, self._settings.max_chars))
+        with self._lock:
+            if self._in_flight >= self._settings.judge_max_pending:
+                return Hint(draft)  # the judge is behind: this step keeps its template hint
+            self._in_flight += 1
+        later = self._judges.submit(self._ask_judge, request)
+        try:
+            answer = later.result(timeout=self._settings.judge_wait_s)
+        except FutureTimeout:
+            return Hint(draft, later)
+        return Hint(answer or draft)
 
     def close(self) -> None:
+        if self._judges is not None:
+            self._judges.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             self._client.close()
 
-    def _judge(self, kind: ErrorKind, output: str, call: dict[str, Any] | None, task_prompt: str, draft: str) -> str | None:
+    @property
+    def settle_timeout_s(self) -> float:
+        """Longest a judge answer can still take once asked for (its HTTP timeout)."""
+        return self._settings.llm_timeout_s
+
+    def _judge_request(self, kind: ErrorKind, output: str, call: dict[str, Any] | None, task_prompt: str, draft: str) -> dict[str, Any]:
         user = json.dumps(
             {
                 "task": task_prompt[-2000:],
@@ -98,34 +175,33 @@ class HintGenerator:
             sort_keys=True,
             ensure_ascii=False,
         )
-        request = {
+        return {
             "model": self._settings.llm_model,
             "messages": [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}],
             "temperature": 0,
             "max_tokens": 160,
         }
-        cache_file = self._cache_file(request)
-        if cache_file is not None and cache_file.exists():
-            return json.loads(cache_file.read_text())["hint"]
-        headers = {}
-        if self._settings.llm_api_key is not None:
-            headers["Authorization"] = f"Bearer {self._settings.llm_api_key.get_secret_value()}"
-        try:
-            response = self._client.post(f"{self._settings.llm_url.rstrip('/')}/chat/completions", json=request, headers=headers)
-            response.raise_for_status()
-            answer = response.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            log.warning("hint judge failed, using the template: %s", exc)
-            return None
-        if not isinstance(answer, str) or not answer.strip():
-            return None
-        if cache_file is not None:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cache_file.write_text(json.dumps({"hint": answer}))
-        return answer
 
-    def _cache_file(self, request: dict[str, Any]) -> Path | None:
-        if self._settings.cache_dir is None:
-            return None
-        key = hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-        return self._settings.cache_dir / f"{key}.json"
+    def _ask_judge(self, request: dict[str, Any]) -> str | None:
+        """One judge request (on the judge's thread pool): its clamped answer, or None."""
+        try:
+            headers = {}
+            if self._settings.llm_api_key is not None:
+                headers["Authorization"] = f"Bearer {self._settings.llm_api_key.get_secret_value()}"
+            try:
+                response = self._client.post(f"{self._settings.llm_url.rstrip('/')}/chat/completions", json=request, headers=headers)
+                response.raise_for_status()
+                answer = response.json()["choices"][0]["message"]["content"]
+            except (httpx.HTTPError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+                # RuntimeError: the client was closed under a request at shutdown.
+                log.warning("hint judge failed, keeping the template: %s", exc)
+                return None
+            if not isinstance(answer, str) or not answer.strip():
+                log.warning("hint judge gave no usable text, keeping the template")
+                return None
+            if self._cache is not None:
+                self._cache.put(request, answer)
+            return clamp(answer, self._settings.max_chars)
+        finally:
+            with self._lock:
+                self._in_flight -= 1

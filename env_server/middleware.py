@@ -1,4 +1,5 @@
-"""Request guards in front of every route: bearer-token auth and the request body size limit.
+"""Request guards in front of every route: bearer-token auth, the request body size limit, and
+a typed 500 for an unhandled error.
 
 Pure ASGI (not Starlette's BaseHTTPMiddleware) so the same code covers WebSocket handshakes and
 adds no per-request task.
@@ -7,6 +8,7 @@ adds no per-request task.
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any, Awaitable, Callable
 
 from env_server.models import ApiError, ApiErrorCode
@@ -17,6 +19,8 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health"})
 """Routes that answer without a token (liveness probes)."""
@@ -30,7 +34,12 @@ def _error_body(code: ApiErrorCode, message: str) -> bytes:
 
 
 class RequestGuard:
-    """Refuses unauthenticated requests (401) and oversized bodies (413) before routing."""
+    """Refuses unauthenticated requests (401) and oversized bodies (413) before routing, and
+    answers an error no route handled with a typed 500 (`internal_error`).
+
+    The 500 is answered here, not by a FastAPI `Exception` handler: Starlette runs that handler in
+    its outermost middleware and then re-raises, so the server closes the keep-alive connection
+    under the client. Answered here, the exception ends with the response and the connection lives."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int) -> None:
         self._app = app
@@ -89,7 +98,20 @@ class RequestGuard:
             replayed = True
             return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        await self._app(scope, replay, send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, replay, tracking_send)
+        except Exception as exc:
+            if started:
+                raise  # half a response is out: only closing the connection can signal the error
+            log.exception("unhandled error on %s %s", scope.get("method"), scope["path"])
+            await _respond(send, ApiErrorCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
     async def _too_large(self, send: Send) -> None:
         await _respond(send, ApiErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body_bytes} bytes")

@@ -11,11 +11,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from env_server.models import ErrorKind
 from sandbox.spec import SandboxSpec
 
 
 class HintSettings(BaseModel):
-    """The optional LLM judge behind hints (off unless `llm_url` is set)."""
+    """The optional LLM judge behind hints (off unless `llm_url` is set): the last, paid layer."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +31,23 @@ class HintSettings(BaseModel):
 
     llm_timeout_s: float = Field(default=10.0, gt=0)
     """Timeout of one judge request; on expiry the template hint is used."""
+
+    judge_kinds: frozenset[ErrorKind] = frozenset(
+        {ErrorKind.NONZERO_EXIT, ErrorKind.TEST_FAILURE, ErrorKind.REPEATED_FAILURE}
+    )
+    """Error kinds the judge is asked about. Default: those whose template and output say least
+    about what to change; the service's own exact messages (`type_error`, ...) never need it."""
+
+    judge_wait_s: float = Field(default=0.0, ge=0, le=60)
+    """Longest a step waits for the judge (`CODING_ENV_HINTS__JUDGE_WAIT_S`). Past it the step
+    answers with the template hint and the judge's hint replaces it in the trajectory on arrival."""
+
+    judge_concurrency: int = Field(default=4, ge=1, le=64)
+    """Judge requests in flight at once."""
+
+    judge_max_pending: int = Field(default=64, ge=1)
+    """Judge requests queued or in flight beyond which steps keep their template hint unjudged
+    (a slow endpoint must not build an unbounded backlog)."""
 
     cache_dir: Path | None = None
     """Directory of the judge's disk cache (one JSON file per prompt hash); None: no cache."""
@@ -82,6 +100,10 @@ class ServiceSettings(BaseSettings):
 
     hints: HintSettings = Field(default_factory=HintSettings)
     """Hint generation."""
+
+    monitor_penalty: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Subtracted from a submission's reward per distinct monitor flag, floored at 0
+    (`CODING_ENV_MONITOR_PENALTY`; 0: flags are only reported)."""
 
     executor_threads: int = Field(default=0, ge=0)
     """Threads running blocking sandbox calls; 0: `max_sessions + 8`, so every session can run at once."""

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from env_server.error_kinds import classify_exec
-from env_server.grading import grade
+from env_server.grading import GradingConfig, grade
 from env_server.models import ErrorKind, TaskSpec
 from sandbox.base import ExecResult, Sandbox
 
@@ -34,6 +34,8 @@ class Workspace:
     """Opens the clean sandbox the hidden tests run in (a warm-pool checkout)."""
     monitor_flags: list[str] = field(default_factory=list)
     """Flags the monitor raised on this episode's calls so far."""
+    grading: GradingConfig = field(default_factory=GradingConfig)
+    """How `submit` grades (the service sets the monitor penalty)."""
 
 
 @dataclass
@@ -246,7 +248,7 @@ def run_tests(ws: Workspace) -> ToolOutcome:
 @tool
 def submit(ws: Workspace) -> ToolOutcome:
     """Finish the episode: grade the workspace with the hidden tests and return the reward."""
-    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=ws.monitor_flags)
+    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=ws.monitor_flags, config=ws.grading)
     summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
     metadata = {
         "tests_passed": result.tests_passed,

@@ -12,6 +12,7 @@ import docker
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from env_server.app import create_app
 from env_server.settings import ServiceSettings
@@ -19,7 +20,7 @@ from env_server.tasks import TaskRegistry
 from env_server.tasks import builtin
 from sandbox.docker_backend import SANDBOX_ID_LABEL
 
-NEEDS_NO_DOCKER = {"test_tool_call_parser.py"}
+NEEDS_NO_DOCKER = {"test_tool_call_parser.py", "test_hint_judge.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,12 +51,12 @@ class _Server(uvicorn.Server):
 
 
 @contextmanager
-def running_service(settings: ServiceSettings) -> Iterator[str]:
-    """Serve `create_app(settings)` in a thread; yields the base URL; shuts down gracefully."""
+def running_service(settings: ServiceSettings, app: FastAPI | None = None) -> Iterator[str]:
+    """Serve `app` (default: `create_app(settings)`) in a thread; yields the base URL; shuts down gracefully."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        create_app(settings, tasks=builtin_registry()), log_level="warning", ws_max_size=settings.max_body_bytes
+        app or create_app(settings, tasks=builtin_registry()), log_level="warning", ws_max_size=settings.max_body_bytes
     )
     server = _Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

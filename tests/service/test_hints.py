@@ -60,7 +60,10 @@ def judge() -> Iterator[JudgeServer]:
 
 
 def test_llm_judge_writes_the_hint_clamped_and_cached(make_service: Callable[..., str], judge: JudgeServer, tmp_path: Path) -> None:
-    url = make_service(pool_size=1, hints={"llm_url": judge.url, "llm_model": "judge-1", "cache_dir": tmp_path / "hints", "max_chars": 120})
+    url = make_service(pool_size=1, hints={
+        "llm_url": judge.url, "llm_model": "judge-1", "cache_dir": tmp_path / "hints", "max_chars": 120,
+        "judge_kinds": ["command_not_found"], "judge_wait_s": 60,  # this kind is not judged by default; wait for the answer
+    })
     with httpx.Client(base_url=url, timeout=60) as client:
         hints = []
         for _ in range(2):  # two sessions, the same failure: the second answer comes from the disk cache
