@@ -359,19 +359,19 @@ def _add_session_routes(app: FastAPI) -> None:
         service = _service(request)
         return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
 
-    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404), tags=["Sessions"])
+    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
     async def session_state(request: Request, session_id: str) -> CodingState:
         service = _service(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.state)
 
-    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409), tags=["Sessions"])
+    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409, 422), tags=["Sessions"])
     async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
         service = _service(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
 
-    @app.delete("/sessions/{session_id}", status_code=204, responses=errors(404), tags=["Sessions"])
+    @app.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 422), tags=["Sessions"])
     async def close_session(request: Request, session_id: str) -> Response:
         await _service(request).sessions.close(session_id)
         return Response(status_code=204)
