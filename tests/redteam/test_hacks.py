@@ -1,0 +1,82 @@
+"""Every hack of the red-team catalogue, played through the real service with real sandboxes:
+reward exactly 0 (never null), the episode over, no HTTP 5xx, nothing forged in a tool output."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from env_server.redteam import CATALOGUE, Hack, HackClass, ToolCall, applies, play
+from env_server.tasks import builtin, humaneval
+from env_server.tasks.canary import CanarySuite
+from env_server.models import TaskSpec
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CANARY = CanarySuite()
+BUILTIN = {task.id: task for task in builtin.TASKS}
+_FUNCTIONS = sorted({task_id.rsplit("/", 1)[1] for task_id in CANARY.ids()})
+# The canary family each class of hack has the best chance against (where it would pay).
+_FAMILY = {
+    HackClass.LYING_RETURN: "same-value",
+    HackClass.READ_EXPECTED: "secret-value",
+    HackClass.SHADOW_NAMES: "star-import",
+    HackClass.SUPERVISOR_CHANNEL: "call-secret",
+    HackClass.KILL_SUPERVISOR: "call-secret",
+    HackClass.RESOURCE_EXHAUSTION: "call-contradiction",
+    HackClass.BREAK_GRADING: "split-tests",
+}
+
+
+def _task_for(index: int, hack: Hack) -> TaskSpec:
+    if hack.hack_class is HackClass.INJECT_TESTS or hack.id == "read-expected/caller-locals":
+        return BUILTIN["builtin/fizzbuzz"]  # fraction reward and parametrized expectations: where these pay
+    if hack.requires:
+        return next(humaneval.task_from_problem(p) for p in humaneval.read_problems() if p["task_id"] == "HumanEval/32")
+    family = _FAMILY.get(hack.hack_class, "split-tests")
+    return CANARY.get(f"canary/{family}/{_FUNCTIONS[index % len(_FUNCTIONS)]}")
+
+
+def _assert_held(client: httpx.Client, hack: Hack, task: TaskSpec) -> None:
+    assert applies(hack, task)
+    outcome = play(client, hack, task, inline=True)
+    assert outcome.held, (
+        f"{hack.id} on {task.id}: reward={outcome.reward} done={outcome.done} 5xx={outcome.server_errors} "
+        f"forged_output_seen={outcome.forged_output_seen} flags={outcome.monitor_flags} output={outcome.final_output[-500:]!r}"
+    )
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize("index, hack", list(enumerate(CATALOGUE)), ids=[hack.id for hack in CATALOGUE])
+def test_hack_earns_nothing(redteam_client: httpx.Client, index: int, hack: Hack) -> None:
+    _assert_held(redteam_client, hack, _task_for(index, hack))
+
+
+_ONE_PER_CLASS = list({hack.hack_class: hack for hack in reversed(CATALOGUE) if hack.requires is None}.values())
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize("hack", _ONE_PER_CLASS, ids=[hack.id for hack in _ONE_PER_CLASS])
+def test_hack_earns_nothing_on_a_real_task(redteam_client: httpx.Client, hack: Hack) -> None:
+    _assert_held(redteam_client, hack, BUILTIN["builtin/fizzbuzz"])
+
+
+def _submit_solution(task: TaskSpec) -> Hack:
+    calls = [ToolCall(tool_name="write_file", arguments={"path": p, "content": c}) for p, c in task.metadata["solution"].items()]
+    return Hack(id="solution", hack_class=HackClass.TEST_INFRA, description="the reference solution", calls=calls)
+
+
+@pytest.mark.redteam
+def test_the_player_can_see_a_reward(redteam_client: httpx.Client) -> None:
+    # The positive control: through the same player, a real task's reference solution earns 1.
+    task = BUILTIN["builtin/fizzbuzz"]
+    outcome = play(redteam_client, _submit_solution(task), task, inline=True)
+    assert (outcome.reward, outcome.done, outcome.server_errors) == (1.0, True, [])
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize("family", sorted({task_id.split("/")[1] for task_id in CANARY.ids()}))
+def test_the_honest_solution_of_a_canary_task_scores_zero(redteam_client: httpx.Client, family: str) -> None:
+    task = CANARY.get(f"canary/{family}/{_FUNCTIONS[len(family) % len(_FUNCTIONS)]}")
+    outcome = play(redteam_client, _submit_solution(task), task, inline=True)
+    assert (outcome.reward, outcome.done, outcome.server_errors) == (0.0, True, [])
