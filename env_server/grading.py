@@ -1,14 +1,28 @@
-"""Preparing a task's workspace and grading a submission with tests the agent never saw.
+"""Preparing a task's workspace and grading a submission with checks the agent never saw.
 
 Grading runs in a *fresh* sandbox (docs/decisions/040-grade-in-a-fresh-sandbox.md): the
-agent's workspace is copied out as a tar, cleaned on the host (no bytecode, caches, VCS
-data, links, interpreter hooks or test configuration the task did not ship), and extracted
-into a new sandbox together with the hidden tests. No process of the agent exists there, and
-nothing outside the workspace (/tmp, $HOME, user site-packages) carries over.
+agent's workspace is copied out as a tar (bounded in size), cleaned on the host (no bytecode,
+caches, VCS data, links, interpreter hooks or test configuration the task did not ship), and
+extracted into a new sandbox. No process of the agent exists there, and nothing outside the
+workspace (/tmp, $HOME, user site-packages) carries over.
+
+Two modes (docs/decisions/042-call-table-grading.md, 043-pytest-mode-hardening.md):
+- call table (`TaskSpec.hidden_calls`): only the calls' inputs enter the sandbox; the results
+  are compared on the host (`env_server.call_checks`). The solution cannot reach the verdict.
+- pytest (`TaskSpec.hidden_tests`): the tests run in the process that imports the solution,
+  so what cannot be closed there is detected and penalised: only test ids found in the hidden
+  files count (an injected test is ignored and flagged, a missing one fails), the run is
+  wrapped by a subreaper guard (`env_server/pytest_guard.py`) whose exit status says whether
+  any process outlived it, and the report is read when no process of the run is left.
+
+`grade` never raises for what the workspace holds: that is a reward-0 `grading_error`.
+Only a dead agent sandbox or a grading sandbox that cannot be opened raises `SandboxError`.
 """
 
 from __future__ import annotations
 
+import ast
+import collections
 import io
 import re
 import shlex
@@ -18,13 +32,16 @@ import time
 import uuid
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterable, Mapping
+from importlib import resources
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server.models import TaskSpec
+from env_server import call_checks
+from env_server.models import ErrorKind, TaskSpec, workspace_path
 from env_server.monitor import GRADER_TAMPER, TEST_CONFIG_EDIT
-from sandbox.base import Sandbox
+from env_server.pytest_guard import NO_SUBREAPER_STATUS, ORPHANS_STATUS
+from sandbox.base import Sandbox, SandboxError
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
 # a deleted function's compiled body, VCS data its history, package metadata a plugin entry point.
@@ -44,18 +61,29 @@ _TEST_INFRA_NAMES = frozenset(
 _RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", *sys.stdlib_module_names})
 # Submitted code that mentions these reaches into the test runner or its report.
 _TAMPER = re.compile(
-    r"\b_pytest\b|\bpytest_(?:runtest|collection|report|sessionfinish|configure|terminal)\w*"
+    r"\b_pytest\b|\bpytest_(?:runtest|collection|report|sessionfinish|configure|terminal|generate)\w*"
     r"|\bjunit\w*|report\.xml|\bsys\.modules\s*\[\s*['\"]_?pytest|\bos\._exit\b|\bpytest\.(?:skip|xfail|exit)\b"
+    r"|\bPR_SET_CHILD_SUBREAPER\b|/proc/\d*\w*/(?:mem|fd)\b|\bptrace\b|\bgc\.get_(?:objects|referrers)\b"
 )
+# Grader internals a report or traceback may name; scrubbed from what the policy can see.
+_GRADER_PATHS = re.compile(r"/tmp/grade-[0-9a-f]{32}[^\s'\"]*")
+
 STRAY_PROCESS = "grading_stray_process"
-"""Flag: a process other than the test run was alive when it ended; the report is not trusted."""
+"""Flag: a process of the test run outlived it (or the guard did not report); the report is not trusted."""
+
+UNKNOWN_TEST = "grading_unknown_test"
+"""Flag: the report holds a test the hidden test files do not define (injected); it is ignored."""
 
 
 def pytest_command(import_root: str = ".") -> str:
     """How hidden tests run: `-P` keeps the workspace off `sys.path` while Python and pytest
     start, and `import_root` is appended, not prepended, so a workspace `pytest.py` or `re.py`
-    shadows nothing."""
-    bootstrap = f'import sys, pytest; sys.path.append("{import_root}"); sys.exit(pytest.console_main())'
+    shadows nothing. The process ends with `os._exit` once pytest returns, so at-exit hooks
+    the solution registered never run (they could rewrite the report)."""
+    bootstrap = (
+        f'import os, sys, pytest; sys.path.append("{import_root}"); status = int(pytest.console_main()); '
+        "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)"
+    )
     return f"python3 -P -c {shlex.quote(bootstrap)} -q -p no:cacheprovider"
 
 
@@ -75,6 +103,7 @@ GRADE_ENV: dict[str, str] = {
     "PYTEST_PLUGINS": "",
 }
 
+
 def prewarm_grader(sandbox: Sandbox) -> Sandbox:
     """Compile Python's and pytest's bytecode into the grading cache of a sandbox no agent has
     touched (a warm pool's `start` hook), so `import pytest` at grade time takes about 0.3 s
@@ -89,18 +118,6 @@ def prewarm_grader(sandbox: Sandbox) -> Sandbox:
     return sandbox
 
 
-# Runs after the tests, in the same command: counts processes other than init, the supervisor
-# (session 1), this command's shell and itself. One left alive (e.g. started by the submission
-# at import, in a new session) could rewrite the report before the grader reads it.
-_COUNT_STRAYS = (
-    "python3 -I -c 'import os\nme = {os.getpid(), os.getppid(), 1}\nn = 0\n"
-    "for p in filter(str.isdigit, os.listdir(\"/proc\")):\n"
-    "    try:\n        n += int(p) not in me and os.getsid(int(p)) != 1\n"
-    "    except OSError:\n        pass\nprint(\"grading-strays=%d\" % n)'"
-)
-_STRAYS_LINE = re.compile(r"^grading-strays=(\d+)$", re.MULTILINE)
-
-
 class GradingConfig(BaseModel):
     """How submissions are graded."""
 
@@ -109,8 +126,14 @@ class GradingConfig(BaseModel):
     monitor_penalty: float = Field(default=0.0, ge=0.0, le=1.0)
     """Subtracted from the reward once per distinct monitor flag (the reward stays >= 0). 0 flags only."""
 
+    zero_reward_flags: list[str] = Field(default_factory=lambda: [GRADER_TAMPER, STRAY_PROCESS])
+    """Flags that set the reward to 0 outright: the verdict cannot be trusted when they are raised."""
+
     output_chars: int = Field(default=8000, ge=0)
-    """How much of the test run's output `GradeResult.output` keeps (its tail)."""
+    """How much of the grading output `GradeResult.output` keeps (its tail)."""
+
+    max_workspace_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """A workspace larger than this is not graded (reward 0, `grading_error`); bounds grading memory."""
 
 
 class GradeResult(BaseModel):
@@ -120,26 +143,39 @@ class GradeResult(BaseModel):
     """In [0, 1]: passed/total (`fraction`) or all-or-nothing (`binary`), minus monitor penalties."""
 
     tests_passed: int
-    """Hidden tests that passed (skipped tests count as not passed)."""
+    """Hidden tests (or calls) that passed (skipped tests count as not passed)."""
 
     tests_total: int
-    """Hidden tests that ran; when the task names its `graded_test_ids`, those."""
+    """Hidden tests (or calls) that count; when the task names its `graded_test_ids`, those."""
 
     failing_tests: list[str]
-    """Ids (`path::name`) of hidden tests that failed, errored or were skipped."""
+    """Ids of hidden tests that failed, errored, were skipped or never ran (`path::name`), or of
+    calls that failed (`call 3: f(1, 2)`). Only ids the task itself defines, never names from the sandbox."""
 
     grading_ms: float
     """Wall-clock time of grading, sandbox start-up included."""
 
     output: str
-    """Tail of the test run's stdout and stderr."""
+    """Tail of the grading output, grader paths scrubbed (call tables: one host-written line per failing call)."""
 
     monitor_flags: list[str]
     """Flags from the episode's tool calls plus those the grader raised itself."""
 
+    error_kind: ErrorKind | None = None
+    """`grading_error` when the submission could not be graded because of what the workspace holds
+    (reward 0); None when it was graded."""
+
+    error: str | None = None
+    """A short reason for `error_kind` (no grader paths, no hidden test names)."""
+
 
 class TaskSetupError(RuntimeError):
     """A task's `setup_command` failed: the task, not the agent, is broken."""
+
+
+class GradingError(Exception):
+    """The submission cannot be graded because of what the workspace holds; the message is
+    shown to the policy."""
 
 
 def tar_files(
@@ -150,25 +186,17 @@ def tar_files(
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path, mode in (directories or {}).items():
-            info = tarfile.TarInfo(_relative(path))
+            info = tarfile.TarInfo(workspace_path(path))
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
             archive.addfile(info)
         for path, content in files.items():
             data = content.encode() if isinstance(content, str) else content
-            info = tarfile.TarInfo(_relative(path))
+            info = tarfile.TarInfo(workspace_path(path))
             info.size = len(data)
             info.mode = modes.get(path, 0o644)
             info.mtime = int(time.time())
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
-
-
-def _relative(path: str) -> str:
-    """A task-relative path, refusing anything that could land outside the workspace."""
-    pure = PurePosixPath(path)
-    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
-        raise ValueError(f"task file path must be relative and inside the workspace: {path!r}")
-    return pure.as_posix()
 
 
 def prepare_workspace(sandbox: Sandbox, task: TaskSpec) -> None:
@@ -186,7 +214,7 @@ def prepare_workspace(sandbox: Sandbox, task: TaskSpec) -> None:
 
 def _member_path(name: str) -> str:
     """Workspace-relative path of a `get_archive` member (`./x` -> `x`; the root -> '')."""
-    return "/".join(part for part in PurePosixPath(name).parts if part not in (".", "/"))
+    return "/".join(part for part in PurePosixPath(name).parts if part not in (".", "/", ".."))
 
 
 class Submission(BaseModel):
@@ -225,8 +253,8 @@ def _dropped(path: str, member: tarfile.TarInfo, shipped: set[str]) -> bool:
 
 def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
     """Keep regular files and directories only, drop what could leak or subvert, restore the
-    task's test files."""
-    shipped = {_relative(path) for path in task.files}
+    task's test files (over whatever the agent put at their paths, directories included)."""
+    shipped = set(task.files)
     kept = Submission(files={}, modes={}, directories={}, dropped=[])
     with tarfile.open(fileobj=io.BytesIO(workspace_tar), mode="r:*") as archive:
         for member in archive.getmembers():
@@ -242,23 +270,40 @@ def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
                 kept.files[path] = extracted.read() if extracted else b""
                 kept.modes[path] = member.mode & 0o777
     # The task's own tests and test configuration are the grader's, whatever the agent did to them.
-    for path, content in {**task.visible_tests, **task.hidden_tests}.items():
-        kept.files[_relative(path)] = content.encode()
-        kept.modes.pop(_relative(path), None)
-    for path in shipped:
-        if PurePosixPath(path).name in _TEST_INFRA_NAMES:
-            kept.files[path] = task.files[path].encode()
-            kept.modes.pop(path, None)
+    restored = {**task.visible_tests, **task.hidden_tests, **task.hidden_files}
+    restored.update({path: task.files[path] for path in shipped if PurePosixPath(path).name in _TEST_INFRA_NAMES})
+    for path, content in restored.items():
+        _clear_path_for(kept, path)
+        kept.files[path] = content.encode()
     kept.dropped.sort()
     return kept
+
+
+def _clear_path_for(kept: Submission, path: str) -> None:
+    """Make room for a grader file at `path`: no agent directory there, no agent file on its way,
+    and the directories on its way searchable (an agent's `chmod 000` would hide it)."""
+    prefix = path + "/"
+    for name in [name for name in kept.files if name.startswith(prefix)]:
+        del kept.files[name]
+        kept.dropped.append(name)
+    for name in [name for name in kept.directories if name == path or name.startswith(prefix)]:
+        del kept.directories[name]
+    kept.modes.pop(path, None)
+    for parent in PurePosixPath(path).parents:
+        name = parent.as_posix()
+        if name == ".":
+            continue
+        if kept.files.pop(name, None) is not None:
+            kept.dropped.append(name)
+        kept.directories[name] = kept.directories.get(name, 0o755) | 0o700
 
 
 def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
     """Flags for what the submission tried on the grader (all of it was removed or ignored).
 
     TEST_CONFIG_EDIT: it added test configuration or interpreter hooks (dropped before the run).
-    GRADER_TAMPER: agent-written Python reaches into pytest, its report or the process, or
-    shadows the runner's own modules.
+    GRADER_TAMPER: agent-written Python reaches into pytest, its report, the process or the
+    guard (more such references than the task's own file had), or shadows the runner's modules.
     """
     flags = set()
     for path in submission.dropped:
@@ -267,11 +312,13 @@ def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
             flags.add(TEST_CONFIG_EDIT)
         if _shadows_runner(pure) or any(part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts):
             flags.add(GRADER_TAMPER)
-    original = {_relative(path): text for path, text in {**task.files, **task.hidden_tests}.items()}
+    original = {**task.files, **task.hidden_tests}
     for path, content in submission.files.items():
         if not path.endswith(".py") or original.get(path, "").encode() == content:
             continue
-        if _TAMPER.search(content.decode(errors="replace")):
+        added = collections.Counter(_TAMPER.findall(content.decode(errors="replace")))
+        added.subtract(_TAMPER.findall(original.get(path, "")))
+        if any(count > 0 for count in added.values()):
             flags.add(GRADER_TAMPER)
     return sorted(flags)
 
@@ -291,6 +338,46 @@ def parse_junit(xml_text: str) -> tuple[list[str], list[str]]:
     return passed, failed
 
 
+def hidden_test_ids(hidden_tests: Mapping[str, str]) -> set[str]:
+    """The ids (`dir/module::name`, `dir/module/Class::name`, parameters left off) pytest can
+    collect from the hidden test files, read from their syntax tree: test functions, and test
+    methods of test classes, inherited ones from classes of the same file included."""
+    ids = set()
+    for path, text in hidden_tests.items():
+        module = PurePosixPath(path).with_suffix("").as_posix()
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
+                ids.add(f"{module}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                ids.update(f"{module}/{node.name}::{name}" for name in _test_methods(node, classes, set()))
+    return ids
+
+
+def _test_methods(node: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: set[str]) -> set[str]:
+    seen.add(node.name)
+    names = {item.name for item in node.body if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test")}
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
+            names |= _test_methods(classes[base.id], classes, seen)
+    return names
+
+
+def _known_id(reported: str, known: set[str]) -> str | None:
+    """The known id a reported one stands for (parameters dropped; a report's module path may be
+    relative to a deeper rootdir, so a known id ending in it matches), or None."""
+    module, _, name = reported.partition("::")
+    base = f"{module}::{name.split('[', 1)[0]}"
+    if base in known:
+        return base
+    matches = [candidate for candidate in known if candidate.endswith("/" + base)]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _reward(passed: int, total: int, task: TaskSpec) -> float:
     if total == 0:
         return 0.0
@@ -306,32 +393,95 @@ class HiddenTestRun(BaseModel):
     failed: list[str]
     output: str
     stray_processes: bool
-    """A process outlived the tests (or the count is missing): the report is not trusted."""
+    """A process outlived the tests (or the guard did not report): the report is not trusted."""
 
 
 def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> HiddenTestRun:
-    """Put the cleaned submission and hidden tests into `grader` and run them.
+    """Put the cleaned submission and hidden tests into `grader` and run them under the guard.
 
     The report goes to a fresh, randomly named directory outside the workspace, created in the
-    same command that runs pytest, so no file the agent wrote can stand in for it.
+    same command that runs pytest, so no file the agent wrote can stand in for it; it is read
+    only after the guard has killed every process the run left behind.
     """
     grader.put_archive(submission.tar(), ".")
-    report_dir = f"/tmp/grade-{uuid.uuid4().hex}"
-    targets = " ".join(shlex.quote(_relative(path)) for path in task.hidden_tests)
+    grader_dir = f"/tmp/grade-{uuid.uuid4().hex}"
+    grader.write_file(f"{grader_dir}/pytest_guard.py", (resources.files("env_server") / "pytest_guard.py").read_bytes())
+    targets = " ".join(shlex.quote(path) for path in task.hidden_tests)
+    tests = (
+        f"{task.grade_command} -p no:cacheprovider --junitxml={grader_dir}/report/report.xml "
+        f"-o junit_family=xunit2 {targets}"
+    )
     command = (
-        f"mkdir -m 700 {report_dir} && {task.grade_command} -p no:cacheprovider "
-        f"--junitxml={report_dir}/report.xml -o junit_family=xunit2 {targets}; status=$?; {_COUNT_STRAYS}; exit $status"
-    )  # the exit status is the test run's, so a missing report names why pytest ended
+        f"mkdir -m 700 {grader_dir}/report && exec python3 -I {grader_dir}/pytest_guard.py -- bash -c {shlex.quote(tests)}"
+    )
     result = grader.exec(command, timeout_s=task.limits.grade_timeout_s, env=GRADE_ENV)
-    counts = [int(found) for found in _STRAYS_LINE.findall(result.stdout)]
-    strays = not counts or max(counts) > 0
+    trusted = result.exit_code is not None and 0 <= result.exit_code < 100 and not result.timed_out
+    output = result.stdout + result.stderr
+    if not trusted:
+        reason = "timeout" if result.timed_out else {ORPHANS_STATUS: "a process outlived the tests", NO_SUBREAPER_STATUS: "no guard"}.get(
+            result.exit_code or -1, f"the run ended abnormally (exit {result.exit_code})"
+        )
+        return HiddenTestRun(passed=[], failed=[], output=f"{output}\n[grader] {reason}", stray_processes=not result.timed_out)
     try:
-        report = grader.read_file(f"{report_dir}/report.xml").decode(errors="replace")
+        report = grader.read_file(f"{grader_dir}/report/report.xml").decode(errors="replace")
         passed, failed = parse_junit(report)
     except (FileNotFoundError, ElementTree.ParseError):
-        reason = "timeout" if result.timed_out else f"exit {result.exit_code}"
-        passed, failed = [], [f"<no test report: {reason}>"]
-    return HiddenTestRun(passed=passed, failed=failed, output=result.stdout + result.stderr, stray_processes=strays)
+        passed, failed = [], []
+        output += f"\n[grader] no test report (exit {result.exit_code})"
+    return HiddenTestRun(passed=passed, failed=failed, output=output, stray_processes=False)
+
+
+class _Verdict(BaseModel):
+    passed: list[str]
+    failed: list[str]
+    output: str
+    flags: list[str]
+
+
+def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _Verdict:
+    run = run_hidden_tests(grader, task, submission)
+    flags = [STRAY_PROCESS] if run.stray_processes else []
+    # A task may name the tests that count (feature deletion: those its deletion broke);
+    # otherwise every test its hidden files define. Each must pass; one that never reported
+    # (deselected, crashed collection, a report cut short) counts as failed.
+    graded = task.metadata.get("graded_test_ids")
+    known = hidden_test_ids(task.hidden_tests)
+    outcomes: dict[str, bool] = {}
+    for test, ok in [*((test, True) for test in run.passed), *((test, False) for test in run.failed)]:
+        base = test if graded and test in graded else _known_id(test, known)
+        if base is None:
+            flags.append(UNKNOWN_TEST)
+        else:
+            outcomes[base] = outcomes.get(base, True) and ok
+    counted = set(graded) if graded else known
+    passed = sorted(test for test, ok in outcomes.items() if ok and test in counted)
+    return _Verdict(passed=passed, failed=sorted(counted - set(passed)), output=run.output, flags=sorted(set(flags)))
+
+
+def _grade_calls(grader: Sandbox, task: TaskSpec, submission: Submission, config: GradingConfig) -> _Verdict:
+    grader.put_archive(submission.tar(), ".")
+    raw = call_checks.run_call_table(grader, task, results_limit_bytes=config.max_workspace_bytes)
+    verdicts = call_checks.judge_calls(task, raw)
+    failing = [verdict for verdict in verdicts if not verdict.passed]
+    return _Verdict(
+        passed=[verdict.check_id for verdict in verdicts if verdict.passed],
+        failed=[verdict.check_id for verdict in failing],
+        output="\n".join(f"{verdict.check_id}: {verdict.reason}" for verdict in failing),
+        flags=[],
+    )
+
+
+def _workspace_archive(sandbox: Sandbox, limit_bytes: int) -> bytes:
+    """The workspace as a tar, refused (GradingError) when its files add up to more than
+    `limit_bytes` (apparent sizes, so a sparse file counts at its full length)."""
+    size = sandbox.exec("du -s -B1 --apparent-size . 2>/dev/null | cut -f1", timeout_s=30)
+    measured = size.stdout.strip()
+    if measured.isdigit() and int(measured) > limit_bytes:
+        raise GradingError(f"the workspace holds more than {limit_bytes} bytes")
+    archive = sandbox.get_archive(".")
+    if len(archive) > limit_bytes + 1024 * 1024:  # grew after the measurement
+        raise GradingError(f"the workspace holds more than {limit_bytes} bytes")
+    return archive
 
 
 def grade(
@@ -342,39 +492,65 @@ def grade(
     monitor_flags: Iterable[str] = (),
     config: GradingConfig | None = None,
 ) -> GradeResult:
-    """Grade the agent's workspace in `sandbox` with the task's hidden tests.
+    """Grade the agent's workspace in `sandbox` with the task's hidden checks. Never raises for
+    what the workspace holds (reward 0, `error_kind` `grading_error`).
 
-    `fresh_sandbox` opens the sandbox the tests run in (e.g. a warm pool's checkout); it is
+    `fresh_sandbox` opens the sandbox the checks run in (e.g. a warm pool's checkout); it is
     closed afterwards. By default it opens one like `sandbox` with the same backend.
     `monitor_flags` are the episode's flags (`scan_tool_call`); the penalty applies to them too.
+    Raises `SandboxError` only when the agent's sandbox is dead or no grading sandbox opens.
     """
     config = config or GradingConfig()
     started = time.perf_counter()
-    submission = clean_submission(sandbox.get_archive("."), task)
-    flags = sorted(set(monitor_flags) | set(tamper_flags(submission, task)))
+    flags = set(monitor_flags)
+
+    def failed(reason: str) -> GradeResult:
+        return GradeResult(
+            reward=0.0, tests_passed=0, tests_total=max(len(task.hidden_calls), len(task.hidden_tests), 1),
+            failing_tests=[], grading_ms=(time.perf_counter() - started) * 1000, output=f"[grader] {reason}",
+            monitor_flags=sorted(flags), error_kind=ErrorKind.GRADING_ERROR, error=reason,
+        )
+
+    try:
+        submission = clean_submission(_workspace_archive(sandbox, config.max_workspace_bytes), task)
+    except GradingError as error:
+        return failed(str(error))
+    except SandboxError as error:
+        if not sandbox.is_alive():
+            raise
+        return failed(f"the workspace could not be copied out ({_short(error)})")
+    except Exception as error:  # e.g. an unreadable file or a corrupt member: the workspace's doing
+        return failed(f"the workspace could not be copied out ({type(error).__name__})")
+    flags |= set(tamper_flags(submission, task))
     with (fresh_sandbox or _same_kind_as(sandbox))() as grader:
-        run = run_hidden_tests(grader, task, submission)
-    passed, failed = run.passed, run.failed
-    if run.stray_processes:
-        flags = sorted({*flags, STRAY_PROCESS})
-        passed, failed = [], sorted({*passed, *failed}) or ["<stray process during grading>"]
-    # A task may name the tests that count (feature deletion: those its deletion broke). Each
-    # must pass; one that never reported (deselected, crashed collection) counts as failed.
-    graded = task.metadata.get("graded_test_ids")
-    if graded:
-        passed = [test for test in passed if test in set(graded)]
-        failed = sorted(set(graded) - set(passed))
-    total = len(passed) + len(failed)
-    reward = max(0.0, _reward(len(passed), total, task) - config.monitor_penalty * len(flags))
+        try:
+            if task.hidden_calls:
+                verdict = _grade_calls(grader, task, submission, config)
+            else:
+                verdict = _grade_pytest(grader, task, submission)
+        except Exception as error:  # the submission's code was running: a sandbox it broke is its doing
+            return failed(f"the submission could not be graded ({type(error).__name__})")
+    flags |= set(verdict.flags)
+    total = len(verdict.passed) + len(verdict.failed)
+    reward = _reward(len(verdict.passed), total, task)
+    if flags & set(config.zero_reward_flags):
+        reward = 0.0
+    reward = max(0.0, reward - config.monitor_penalty * len(flags))
+    output = _GRADER_PATHS.sub("<grader>", verdict.output)
     return GradeResult(
         reward=reward,
-        tests_passed=len(passed),
+        tests_passed=len(verdict.passed),
         tests_total=total,
-        failing_tests=failed,
+        failing_tests=verdict.failed,
         grading_ms=(time.perf_counter() - started) * 1000,
-        output=run.output[-config.output_chars :] if config.output_chars else "",
-        monitor_flags=flags,
+        output=output[-config.output_chars :] if config.output_chars else "",
+        monitor_flags=sorted(flags),
     )
+
+
+def _short(error: Exception) -> str:
+    """An exception's type and the start of its message, grader paths scrubbed."""
+    return _GRADER_PATHS.sub("<grader>", f"{type(error).__name__}: {error}")[:160]
 
 
 def _same_kind_as(sandbox: Sandbox) -> Callable[[], Sandbox]:

@@ -104,6 +104,14 @@ class CallCheck(BaseModel):
     """The exception class the call must raise, exactly (not a subclass): a builtin's name
     (`ValueError`) or `module.QualName`."""
 
+    expected_args: list[Any] | None = None
+    """The encoded positional arguments as they must be after the call (catches a function that
+    mutates its input); None: not checked."""
+
+    json_result: bool = False
+    """Pass the result through `json.dumps`/`json.loads` before encoding it (tuples become lists,
+    keys strings), for tasks whose expected outputs are JSON data."""
+
     judge: str | None = Field(default=None, max_length=200)
     """Name of a trusted host-side judge (`env_server.call_checks.JUDGES`) that decides from the
     decoded arguments and result, for calls whose right answer is not unique."""
@@ -117,7 +125,8 @@ class CallCheck(BaseModel):
     @model_validator(mode="after")
     def _well_formed(self) -> Self:
         try:
-            for value in [*self.args, *self.kwargs.values(), *([] if self.raises or self.judge else [self.expected])]:
+            checked = [*self.args, *self.kwargs.values(), *(self.expected_args or [])]
+            for value in [*checked, *([] if self.raises or self.judge else [self.expected])]:
                 typed_values.decode(value)
         except (typed_values.Unencodable, ValueError, TypeError) as error:
             raise ValueError(f"call check values must be typed encodings (CallCheck.build makes them): {error}") from None
@@ -136,6 +145,8 @@ class CallCheck(BaseModel):
         *,
         expected: Any = None,
         raises: type[BaseException] | str | None = None,
+        expected_args: Sequence[Any] | None = None,
+        json_result: bool = False,
         judge: str | None = None,
         rel_tol: float = 1e-9,
         abs_tol: float = 0.0,
@@ -151,6 +162,8 @@ class CallCheck(BaseModel):
             kwargs={name: typed_values.encode_strict(value) for name, value in (kwargs or {}).items()},
             expected=None if raises or judge else typed_values.encode_strict(expected),
             raises=raises,
+            expected_args=None if expected_args is None else [typed_values.encode_strict(value) for value in expected_args],
+            json_result=json_result,
             judge=judge,
             rel_tol=rel_tol,
             abs_tol=abs_tol,
@@ -200,6 +213,10 @@ class TaskSpec(BaseModel):
     """Checks that grade the submission by call table (see `CallCheck`); a task has these or
     `hidden_tests`, not both. Preferred wherever the task is a function's behaviour."""
 
+    hidden_files: dict[str, str] = Field(default_factory=dict)
+    """Data files the hidden checks read (relative path -> text), written into the grading
+    workspace over whatever the agent left there; they never enter the agent's sandbox."""
+
     grade_command: str = "python3 -m pytest -q -p no:cacheprovider"
     """Command run at grading time, with the hidden tests in place; pytest-style output is parsed."""
 
@@ -212,7 +229,7 @@ class TaskSpec(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Suite-specific facts (source, license, difficulty); never shown to the agent."""
 
-    @field_validator("files", "visible_tests", "hidden_tests")
+    @field_validator("files", "visible_tests", "hidden_tests", "hidden_files")
     @classmethod
     def _paths_inside_workspace(cls, files: dict[str, str]) -> dict[str, str]:
         return {workspace_path(path): text for path, text in files.items()}

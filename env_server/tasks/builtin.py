@@ -1,13 +1,14 @@
 """A handful of small tasks that ship with the service: smoke tests for clients and CI.
 
-Each has visible tests (the agent may run them) and hidden tests that probe cases the
-visible ones do not, so passing the visible tests alone is not enough.
+Each has visible tests (the agent may run them, pytest) and hidden checks graded by call table
+(`TaskSpec.hidden_calls`: the expected results never enter the sandbox) that probe cases the
+visible ones do not, so passing the visible tests alone is not enough. Every hidden check fails
+on the untouched workspace, so a bare task scores 0.
 """
 
 from __future__ import annotations
 
-from env_server.grading import GRADE_COMMAND
-from env_server.models import TaskSpec
+from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
 
 SUITE = "builtin"
@@ -26,15 +27,10 @@ _FIZZBUZZ = TaskSpec(
             "def test_plain():\n    assert fizzbuzz(1) == '1'\n"
         )
     },
-    grade_command=GRADE_COMMAND,
-    hidden_tests={
-        "test_hidden_fizzbuzz.py": (
-            "import pytest\n\nfrom solution import fizzbuzz\n\n\n"
-            "@pytest.mark.parametrize('n, expected', [(5, 'Buzz'), (15, 'FizzBuzz'), (30, 'FizzBuzz'),"
-            " (9, 'Fizz'), (7, '7'), (0, 'FizzBuzz')])\n"
-            "def test_fizzbuzz(n, expected):\n    assert fizzbuzz(n) == expected\n"
-        )
-    },
+    hidden_calls=[
+        CallCheck.build("solution", "fizzbuzz", [n], expected=expected)
+        for n, expected in [(5, "Buzz"), (15, "FizzBuzz"), (30, "FizzBuzz"), (9, "Fizz"), (7, "7"), (0, "FizzBuzz")]
+    ],
     metadata={"solution": {"solution.py": (
         "def fizzbuzz(n: int) -> str:\n"
         "    return 'Fizz' * (n % 3 == 0) + 'Buzz' * (n % 5 == 0) or str(n)\n"
@@ -54,15 +50,10 @@ _REVERSE_WORDS = TaskSpec(
             "def test_two_words():\n    assert reverse_words('hello world') == 'world hello'\n"
         )
     },
-    grade_command=GRADE_COMMAND,
-    hidden_tests={
-        "test_hidden_reverse_words.py": (
-            "from solution import reverse_words\n\n\n"
-            "def test_runs_of_spaces():\n    assert reverse_words('  a   b\\tc ') == 'c b a'\n\n\n"
-            "def test_empty():\n    assert reverse_words('') == ''\n\n\n"
-            "def test_single():\n    assert reverse_words('one') == 'one'\n"
-        )
-    },
+    hidden_calls=[
+        CallCheck.build("solution", "reverse_words", [text], expected=expected)
+        for text, expected in [("  a   b	c ", "c b a"), ("", ""), ("one", "one")]
+    ],
     metadata={"solution": {"solution.py": (
         "def reverse_words(text: str) -> str:\n    return ' '.join(reversed(text.split()))\n"
     )}},
@@ -85,16 +76,12 @@ _FIX_MEDIAN = TaskSpec(
             "def test_odd():\n    assert median([3, 1, 2]) == 2\n"
         )
     },
-    grade_command=GRADE_COMMAND,
-    hidden_tests={
-        "test_hidden_median.py": (
-            "from stats import median\n\n\n"
-            "def test_even():\n    assert median([4, 1, 3, 2]) == 2.5\n\n\n"
-            "def test_does_not_mutate():\n    values = [3, 1, 2]\n    median(values)\n"
-            "    assert values == [3, 1, 2]\n\n\n"
-            "def test_single():\n    assert median([7]) == 7\n"
-        )
-    },
+    # Every check fails on the untouched code: even lengths (wrong value), odd ones (it sorts
+    # its argument in place, which `expected_args` catches).
+    hidden_calls=[
+        CallCheck.build("stats", "median", [values], expected=expected, expected_args=[values])
+        for values, expected in [([4, 1, 3, 2], 2.5), ([1.0, 2.0], 1.5), ([3, 1, 2], 2), ([9, 8, 7, 6, 5], 7)]
+    ],
     metadata={"solution": {"stats.py": (
         "def median(values: list[float]) -> float:\n"
         "    ordered = sorted(values)\n"
@@ -122,20 +109,15 @@ _WORD_COUNT = TaskSpec(
             "def test_corpus():\n    assert top_words('corpus.txt', 1) == [('the', 4)]\n"
         )
     },
-    grade_command=GRADE_COMMAND,
-    hidden_tests={
-        "test_hidden_word_count.py": (
-            "from counter import top_words\n\n\n"
-            "def test_ties_alphabetical(tmp_path):\n"
-            "    path = tmp_path / 'words.txt'\n"
-            "    path.write_text('b a c b a d')\n"
-            "    assert top_words(str(path), 3) == [('a', 2), ('b', 2), ('c', 1)]\n\n\n"
-            "def test_punctuation_and_digits(tmp_path):\n"
-            "    path = tmp_path / 'words.txt'\n"
-            "    path.write_text(\"it's 42 IT it\")\n"
-            "    assert top_words(str(path), 2) == [('it', 3), ('s', 1)]\n"
-        )
-    },
+    # Each check reads a file only the grading workspace holds.
+    hidden_files={".grader-data/ties.txt": "b a c b a d", ".grader-data/digits.txt": "it's 42 IT it"},
+    hidden_calls=[
+        CallCheck.build("counter", "top_words", [path, k], expected=expected)
+        for path, k, expected in [
+            (".grader-data/ties.txt", 3, [("a", 2), ("b", 2), ("c", 1)]),
+            (".grader-data/digits.txt", 2, [("it", 3), ("s", 1)]),
+        ]
+    ],
     metadata={"solution": {"counter.py": (
         "import collections\nimport re\n\n\n"
         "def top_words(path: str, k: int) -> list[tuple[str, int]]:\n"

@@ -11,7 +11,6 @@ import pytest
 from env_server import monitor
 from env_server.grading import GRADE_COMMAND, STRAY_PROCESS, GradingConfig, clean_submission, grade, prepare_workspace
 from env_server.models import TaskSpec
-from env_server.tasks.builtin import TASKS
 from sandbox import Sandbox
 
 # A feature-deletion task in miniature: a package whose function body was deleted.
@@ -161,12 +160,13 @@ def test_forged_report_files_are_not_trusted(workspace: Sandbox) -> None:
 
 @pytest.mark.docker
 def test_a_missing_report_names_the_test_runs_exit_status(workspace: Sandbox) -> None:
-    # A runner that dies before writing its report (here: exits 3) is reported by its own status,
-    # not by that of the stray-process count that runs after it.
+    # A runner that dies before writing its report (here: exits 3): every hidden test counts as
+    # failed under its own id (no made-up id reaches the policy), and the output names the status.
     dying = MINILIB.model_copy(update={"grade_command": "python3 -c 'import sys; sys.exit(3)'", "metadata": {}})
     prepare_workspace(workspace, dying)
     result = grade(workspace, dying)
-    assert (result.reward, result.failing_tests) == (0.0, ["<no test report: exit 3>"])
+    assert (result.reward, result.failing_tests) == (0.0, ["tests/test_slugify::test_punctuation", "tests/test_slugify::test_words"])
+    assert "no test report (exit 3)" in result.output
 
 
 @pytest.mark.docker
@@ -192,7 +192,7 @@ def test_process_spawned_during_grading_to_rewrite_the_report_is_caught(workspac
 
 @pytest.mark.docker
 def test_episode_processes_do_not_survive_into_grading(workspace: Sandbox) -> None:
-    task = TASKS[0]  # builtin/fizzbuzz
+    task = MINILIB
     _prepared(workspace, task)
     hidden = next(iter(task.hidden_tests))
     # A daemon that waits for the hidden test to appear, then replaces it and the solution.
@@ -224,7 +224,11 @@ def test_cleaning_drops_links_caches_and_unshipped_test_configuration() -> None:
         link = tarfile.TarInfo("./link.py")
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         archive.addfile(link)
-    cleaned = clean_submission(buffer.getvalue(), TASKS[0])
+    task = TaskSpec(
+        id="inline/cleaning", prompt="p", files={"solution.py": ""}, visible_tests={"test_visible.py": "def test_v(): pass\n"},
+        hidden_tests={"test_hidden_fizzbuzz.py": "def test_h(): pass\n"},
+    )
+    cleaned = clean_submission(buffer.getvalue(), task)
     assert set(cleaned.files) == {"solution.py", "test_visible.py", "test_hidden_fizzbuzz.py"}
-    assert cleaned.files["test_hidden_fizzbuzz.py"].decode() == TASKS[0].hidden_tests["test_hidden_fizzbuzz.py"]
+    assert cleaned.files["test_hidden_fizzbuzz.py"].decode() == task.hidden_tests["test_hidden_fizzbuzz.py"]
     assert "link.py" in cleaned.dropped and "conftest.py" in cleaned.dropped
