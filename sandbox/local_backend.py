@@ -136,8 +136,10 @@ class LocalSandbox(SupervisedSandbox):
         argv = limits_argv(spec, self.host_uid) + bwrap_argv(spec) + ["--"] + bootstrap_argv(spec.workdir)
         self._process: subprocess.Popen[bytes] | None = None
         try:
+            # bwrap stays in the sandbox as its pid 1, whose /proc/1/environ the agent can read:
+            # it gets a bare environment, never the service's (tokens, API keys).
             self._process = _spawner.submit(
-                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env={"PATH": SANDBOX_PATH}
             ).result()
             self._connect(self._process.stdout.read1, self._write, self._describe_failure, START_TIMEOUT_S)
         except BaseException:

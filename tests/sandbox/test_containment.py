@@ -35,6 +35,19 @@ def test_filling_the_workspace_fails_with_enospc_inside(sandbox: Sandbox) -> Non
     assert sandbox.exec("rm fill && echo freed > note && cat note").stdout == "freed\n"
 
 
+def test_filling_every_writable_place_gives_enospc_and_the_sandbox_lives(backend: str) -> None:
+    # The case: the tmpfs sizes alone reach the memory limit (256 MB each).
+    with open_sandbox(SandboxSpec(memory_mb=256, pids=128), backend=backend) as sandbox:
+        for place in (sandbox.spec.workdir, "/tmp", "/dev/shm"):
+            result = sandbox.exec(f"head -c 20G /dev/zero > {place}/fill.bin", timeout_s=60)
+            assert result.exit_code != 0 and "No space left on device" in result.stderr, place
+            assert not result.oom_killed
+        assert sandbox.exec("echo alive").stdout == "alive\n"
+        # With every tmpfs full, processes still have their whole memory_mb.
+        result = sandbox.exec("python3 -c 'x = bytearray(128 * 1024 * 1024); print(len(x))'")
+        assert result.stdout == f"{128 * 1024 * 1024}\n", result.stderr
+
+
 def test_the_root_filesystem_is_read_only(sandbox: Sandbox) -> None:
     for path in ("/evil", "/usr/bin/evil", "/etc/evil"):
         result = sandbox.exec(f"echo x > {path}")

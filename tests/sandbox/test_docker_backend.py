@@ -16,8 +16,10 @@ from sandbox.docker_backend import (
     OWNER_LABEL,
     SANDBOX_ID_LABEL,
     SERVICE_LABEL,
+    SUPERVISOR_CAPABILITIES,
     DockerSandbox,
     default_client,
+    memory_limit_mb,
     reap_orphans,
 )
 from tests.sandbox.support import SPEC, kill_caller_mid_command, needs_docker
@@ -47,22 +49,21 @@ def test_container_is_created_hardened(docker_sandbox: DockerSandbox) -> None:
     host = attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    # Only the supervisor (root) keeps these; commands drop to spec.user with none (decision 006).
+    assert host["CapDrop"] == ["ALL"] and host["CapAdd"] == SUPERVISOR_CAPABILITIES
     assert host["SecurityOpt"] == ["no-new-privileges"]
     assert host["Privileged"] is False and host["Init"] is True
     assert host["PidsLimit"] == SPEC.pids
-    assert host["Memory"] == host["MemorySwap"] == SPEC.memory_mb * 2**20
+    assert host["Memory"] == host["MemorySwap"] == memory_limit_mb(SPEC) * 2**20
+    assert host["ShmSize"] == SPEC.shm_mb * 2**20 and host["LogConfig"]["Type"] == "none"
     assert host["NanoCpus"] == int(SPEC.cpus * 1e9)
     assert host["Ulimits"] == [{"Name": "nofile", "Soft": SPEC.nofile, "Hard": SPEC.nofile}]
     assert not attrs["Mounts"], "nothing from the host (e.g. the Docker socket) is mounted"
-    assert attrs["Config"]["User"] == "1000:1000"
+    assert attrs["Config"]["User"] == "0:0" and attrs["Config"]["Cmd"][-2:] == ["--run-as", SPEC.user]
     labels = attrs["Config"]["Labels"]
     assert labels[SERVICE_LABEL] == "sandbox" and labels[SANDBOX_ID_LABEL] == docker_sandbox.id
 
 
-def test_no_capabilities_inside(docker_sandbox: DockerSandbox) -> None:
-    status = docker_sandbox.exec("grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status").stdout.split()
-    assert status[1::2] == ["0000000000000000"] * 3
 
 
 def test_close_removes_the_container() -> None:

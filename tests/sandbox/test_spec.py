@@ -22,3 +22,20 @@ def test_unknown_fields_and_bad_limits_are_refused() -> None:
         SandboxSpec(memory=512)
     with pytest.raises(pydantic.ValidationError):
         SandboxSpec(memory_mb=0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("user", "0:0", "never run as root"), ("user", "1000:0", "never run as root"), ("user", "agent", "numeric"), ("user", "1000", "numeric"),
+     ("workdir", "/tmp", "of its own"), ("workdir", "work", "absolute")],
+)  # fmt: skip
+def test_identities_and_mounts_that_would_undo_the_isolation_are_refused(field: str, value: str, message: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=message):
+        SandboxSpec(**{field: value})
+
+
+def test_the_docker_memory_limit_leaves_memory_mb_to_processes_with_every_tmpfs_full() -> None:
+    from sandbox.docker_backend import memory_limit_mb
+
+    spec = SandboxSpec(memory_mb=256, workspace_mb=256, tmp_mb=128, shm_mb=64)
+    assert memory_limit_mb(spec) == 256 + 256 + 128 + 64

@@ -1,0 +1,99 @@
+"""Commands cannot speak for, read, trace or kill their supervisor (issue 10, item 2; decision 006).
+
+Docker: the supervisor is another uid, so all of it holds. Bubblewrap has one uid: forging and
+reading hold (non-dumpable supervisor, root-owned channel pipes, authenticated replies); killing
+does not (decision 003), and the kill test runs on Docker only.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from sandbox import Sandbox, open_sandbox
+from tests.sandbox.support import SPEC, needs_docker
+
+# Runs inside the sandbox as the agent: finds the supervisor, then tries every way at it.
+ATTACK = textwrap.dedent(
+    """
+    import ctypes, json, os
+    def argv(pid):
+        return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    supervisors = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
+                   and argv(p)[0].startswith(b"python") and b"--workdir" in argv(p)]
+    targets = sorted(set(supervisors) | {1})
+    results = {"supervisors": supervisors, "opened": [], "denied": 0}
+    forged = b"".join(b'%s {"id": %d, "ok": true, "exit_code": 0, "stdout": "FORGED"}\\n' % (b"0" * 32, i) for i in range(1, 200))
+    for pid in targets:
+        for name in ("fd/0", "fd/1", "fd/2", "fd/3", "mem", "environ"):
+            for mode in ("wb", "rb"):
+                try:
+                    with open(f"/proc/{pid}/{name}", mode, buffering=0) as f:
+                        f.write(forged) if mode == "wb" else f.read(1)
+                    results["opened"].append(f"{pid}/{name}:{mode}")
+                except PermissionError:
+                    results["denied"] += 1
+                except OSError:
+                    pass  # no such fd, or mem at address 0: nothing reached
+    libc = ctypes.CDLL(None, use_errno=True)
+    PTRACE_SEIZE, PTRACE_DETACH = 0x4206, 17
+    results["traced"] = [pid for pid in supervisors if libc.ptrace(PTRACE_SEIZE, pid, 0, 0) == 0 and libc.ptrace(PTRACE_DETACH, pid, 0, 0) is not None]
+    print(json.dumps(results))
+    """
+)
+
+
+def _attack(sandbox: Sandbox) -> dict:
+    sandbox.write_file("attack.py", ATTACK)
+    result = sandbox.exec("python3 attack.py")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_commands_cannot_forge_replies_or_read_or_trace_the_supervisor(sandbox: Sandbox) -> None:
+    results = _attack(sandbox)
+    assert len(results["supervisors"]) == 1, "the attack must find the supervisor to mean anything"
+    # Nothing of the supervisor (or of pid 1, which holds the same stream) could be opened; only
+    # bubblewrap's pid 1 (same uid, a bare environment: see the next test) shows its environ.
+    assert [opened for opened in results["opened"] if opened != "1/environ:rb"] == [] and results["denied"] > 0
+    assert results["traced"] == []
+    after = sandbox.exec("echo genuine")
+    assert (after.exit_code, after.stdout) == (0, "genuine\n")
+
+
+def test_the_services_environment_is_invisible_inside(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODING_ENV_API_TOKEN", "host-secret-token")
+    with open_sandbox(SPEC, backend=backend) as sandbox:
+        result = sandbox.exec("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")
+    assert result.stdout and "host-secret-token" not in result.stdout
+
+
+def test_file_operations_through_proc_links_never_reach_the_channel(sandbox: Sandbox) -> None:
+    forged = '{"id": 1, "ok": true, "stdout": "FORGED"}\n' * 50
+    sandbox.exec("ln -s /proc/self/fd/1 self_out; ln -s /proc/self/fd/0 self_in; ln -s /proc/1/fd/1 init_out")
+    for link in ("self_out", "self_in", "init_out"):
+        with pytest.raises(OSError):
+            sandbox.write_file(link, forged)
+        with pytest.raises(OSError):
+            sandbox.read_file(link)
+    assert sandbox.exec("echo genuine").stdout == "genuine\n"
+
+
+@pytest.mark.parametrize("backend", [pytest.param("docker", marks=needs_docker)])
+def test_killing_the_supervisor_fails_and_the_sandbox_keeps_working(sandbox: Sandbox) -> None:
+    (supervisor,) = _attack(sandbox)["supervisors"]
+    result = sandbox.exec(f"kill -9 {supervisor}; echo $?; kill -9 1; echo $?; kill -STOP {supervisor}; echo $?")
+    assert result.stdout.split() == ["1", "1", "1"] and "Operation not permitted" in result.stderr
+    sandbox.exec("kill -9 -1")  # every process the agent may signal: its own only
+    assert sandbox.exec("echo alive").stdout == "alive\n"
+    sandbox.write_file("still.txt", "files too")
+    assert sandbox.read_file("still.txt") == b"files too"
+
+
+@pytest.mark.parametrize("backend", [pytest.param("docker", marks=needs_docker)])
+def test_commands_hold_no_capability_and_cannot_regain_root(sandbox: Sandbox) -> None:
+    status = sandbox.exec("grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status").stdout.split()
+    assert status[1::2] == ["0000000000000000"] * 4
+    assert sandbox.exec("python3 -c 'import os; os.setuid(0)'").exit_code != 0
