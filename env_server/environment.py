@@ -119,8 +119,10 @@ class _Episode:
     streak: FailureStreak = field(default_factory=FailureStreak)
     done: bool = False
     reward: float | None = None
-    late_hints: list[Future[str | None]] = field(default_factory=list)
-    """Judge answers still on their way; each replaces its step's hint in the record on arrival."""
+    late_hints: list[Future[None]] = field(default_factory=list)
+    """One per judge answer still on its way; done once the answer is in the record."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Orders the judge's threads against the session's around `done` and `late_hints`."""
 
 
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
@@ -280,8 +282,10 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         """The current (or last) episode as recorded so far, once the judge hints it is waiting
         for have arrived (at most the judge's request timeout)."""
         episode = self._active_episode(allow_done=True)
-        if episode.late_hints:
-            wait_for_futures(episode.late_hints, timeout=self._hints.settle_timeout_s)
+        with episode.lock:
+            pending = list(episode.late_hints)
+        if pending:
+            wait_for_futures(pending, timeout=self._hints.settle_timeout_s)
         return episode.record
 
     # -- internals ---------------------------------------------------------------------------
@@ -387,19 +391,27 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         return last
 
     def _take_late_hint(self, episode: _Episode, step: TrajectoryStep, hint: Hint) -> None:
-        """When the judge answers after the step went out, its hint replaces the template in the record."""
+        """When the judge answers after the step went out, its hint replaces the template in the
+        record; a finished episode is logged once its last late hint has landed."""
         if hint.later is None:
             return
+        landed: Future[None] = Future()
 
         def land(answer: Future[str | None]) -> None:
             if not answer.cancelled() and answer.exception() is None and answer.result():
                 step.observation.hint = answer.result()
+            with episode.lock:
+                episode.late_hints.remove(landed)
+                settled = episode.done and not episode.late_hints
+            if settled:
+                self._log(episode)
+            landed.set_result(None)
 
+        episode.late_hints.append(landed)
         hint.later.add_done_callback(land)
-        episode.late_hints.append(hint.later)
 
     def _finish(self, episode: _Episode, outcome: ToolOutcome) -> None:
-        episode.done, episode.reward = True, outcome.reward
+        episode.reward = outcome.reward
         record = episode.record
         record.ended_at = time.time()
         record.reward = outcome.reward
@@ -408,8 +420,15 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         record.monitor_flags = list(outcome.metadata.get("monitor_flags", episode.workspace.monitor_flags))
         # The graded sandbox is of no further use; free it now rather than at the next reset.
         self._retire(episode.sandbox)
+        with episode.lock:
+            episode.done = True
+            settled = not episode.late_hints
+        if settled:
+            self._log(episode)
+
+    def _log(self, episode: _Episode) -> None:
         if self._episode_log is not None:
-            _when_settled(episode.late_hints, lambda: self._episode_log.append(record))
+            self._episode_log.append(episode.record)
 
 
 def _answers(probe: Callable[[], bool]) -> bool:
@@ -441,22 +460,3 @@ def _aborted(reason: str) -> ToolOutcome:
         metadata={"aborted": True, "reason": reason},
     )
 
-
-def _when_settled(pending: list[Future[str | None]], then: Callable[[], None]) -> None:
-    """Call `then` now, or once every future in `pending` is done (on the last one's thread)."""
-    remaining = [f for f in pending if not f.done()]
-    if not remaining:
-        then()
-        return
-    count, lock = len(remaining), threading.Lock()
-
-    def one_done(_: Future[str | None]) -> None:
-        nonlocal count
-        with lock:
-            count -= 1
-            last = count == 0
-        if last:
-            then()
-
-    for future in remaining:
-        future.add_done_callback(one_done)

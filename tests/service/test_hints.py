@@ -11,7 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from env_server.hints import TEMPLATES
+from env_server.models import ErrorKind
 from tests.service.conftest import HttpSession
+from tests.service.test_hint_judge import JUDGED, Gate
+from tests.traces.teacher_stub import StubOpenAI, Teacher
 
 
 def test_show_hints_appends_the_hint_to_what_the_policy_sees(session: HttpSession) -> None:
@@ -78,3 +82,28 @@ def test_llm_judge_writes_the_hint_clamped_and_cached(make_service: Callable[...
     assert request["path"] == "/v1/chat/completions" and request["body"]["model"] == "judge-1"
     assert "command_not_found" in request["body"]["messages"][1]["content"]
     assert len(list((tmp_path / "hints").glob("*.json"))) == 1
+
+
+def test_a_slow_judge_does_not_hold_the_step_and_its_hint_lands_in_the_trajectory(make_service: Callable[..., str], tmp_path: Path) -> None:
+    gate = Gate()
+    with StubOpenAI({"slow": Teacher(gate.answer)}) as stub:
+        url = make_service(pool_size=1, hints={"llm_url": stub.base_url, "llm_model": "slow", "llm_timeout_s": 60, "judge_wait_s": 0})
+        try:
+            with httpx.Client(base_url=url, timeout=120) as client:
+                session = HttpSession(client)
+                session.reset(task_id="builtin/fizzbuzz")
+                # The judge holds its answer until the gate opens: the step must not wait for it.
+                failed = session.step("bash", {"command": "exit 3"})["observation"]
+                assert failed["error_kind"] == "nonzero_exit" and failed["hint"] == TEMPLATES[ErrorKind.NONZERO_EXIT]
+                assert gate.asked.wait(60)
+                assert session.step("submit")["done"] is True
+                log = tmp_path / "trajectories" / "episodes.jsonl"
+                assert not log.exists()  # the episode is logged once its late hint is in
+                gate.open.set()
+                trajectory = client.get(f"/sessions/{session.id}/trajectory").json()  # waits for the late hint
+                assert trajectory["steps"][0]["observation"]["hint"] == JUDGED
+                (logged,) = [json.loads(line) for line in log.read_text().splitlines()]
+                assert logged["steps"][0]["observation"]["hint"] == JUDGED
+                session.close()
+        finally:
+            gate.open.set()
