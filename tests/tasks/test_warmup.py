@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from env_server import typed_values
 from env_server.grading import grade, prepare_workspace
 from env_server.models import TaskSpec
 from env_server.tasks import default_registry, warmup
@@ -33,10 +34,12 @@ def _fingerprint(specs: list[TaskSpec]) -> str:
 
 
 def _checks(task: TaskSpec) -> list[tuple[str, str, list[Any], Any]]:
-    """(module, function, args, expected) of every hidden check, read back from the spec."""
-    text = task.hidden_tests[warmup.HIDDEN_TEST_PATH]
-    literal = text.split("CASES = json.loads(", 1)[1].split(")\n", 1)[0]
-    return [tuple(case) for case in json.loads(eval(literal))]  # noqa: S307 - our own repr'd string
+    """(module, function, args, expected) of every hidden call, decoded from the spec."""
+    assert not task.hidden_tests, "warmup tasks grade by call table only"
+    return [
+        (call.module, call.function, [typed_values.decode(arg) for arg in call.args], typed_values.decode(call.expected))
+        for call in task.hidden_calls
+    ]
 
 
 def _answer(files: dict[str, str], module: str, function: str, args: list[Any]) -> Any:
