@@ -20,7 +20,7 @@ from env_server.tasks import TaskRegistry
 from env_server.tasks import builtin
 from sandbox.docker_backend import SANDBOX_ID_LABEL
 
-NEEDS_NO_DOCKER = {"test_tool_call_parser.py", "test_hint_judge.py"}
+NEEDS_NO_DOCKER = {"test_tool_call_parser.py", "test_hint_judge.py", "test_monitor_rules.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -187,6 +187,24 @@ def test_monitor_flags_reach_the_observation_and_metrics(client: httpx.Client, s
     assert graded["observation"]["metadata"]["monitor_flags"] == ["bytecode_read"]
 
 
+def test_monitor_penalty_from_the_service_settings_lowers_the_reward(make_service: Callable[..., str]) -> None:
+    from tests.service.test_episode_end import ADD_SOLUTION, ADD_TASK
+
+    url = make_service(pool_size=1, grading_pool_size=1, monitor_penalty=0.25)
+    with httpx.Client(base_url=url, timeout=300) as client:
+        session = HttpSession(client)
+        session.reset(task=ADD_TASK)
+        session.step("write_file", {"path": "solution.py", "content": ADD_SOLUTION})
+        assert session.step("bash", {"command": "javap -c Add.class || true"})["observation"]["metadata"]["monitor_flags"] == [
+            "bytecode_read", "decompiler_use"
+        ]
+        graded = session.step("submit")
+        assert graded["metadata"]["tests_passed"] == graded["metadata"]["tests_total"] == 1
+        assert graded["metadata"]["monitor_flags"] == ["bytecode_read", "decompiler_use"]
+        assert graded["reward"] == 0.5  # 1.0, minus 0.25 per distinct flag
+        session.close()
+
+
 def test_tasks_are_paged(client: httpx.Client) -> None:
     page = client.get("/tasks", params={"limit": 2, "offset": 1}).json()
     assert page["total"] >= 4 and len(page["task_ids"]) == 2 and page["offset"] == 1
