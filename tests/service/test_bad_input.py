@@ -1,10 +1,12 @@
-"""Bad requests get a clear typed 4xx and the service keeps serving; schemathesis finds no 5xx."""
+"""Bad requests get a clear typed 4xx and the service keeps serving; schemathesis finds no 5xx and
+no answer the OpenAPI schema does not document."""
 
 from __future__ import annotations
 
 import httpx
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance, status_code_conformance
 
 from tests.service.conftest import HttpSession
 
@@ -59,8 +61,9 @@ def test_reading_a_huge_file_is_capped_like_command_output(session: HttpSession)
     assert "characters truncated" in observation["output"]
 
 
-def test_schemathesis_finds_no_server_errors(base_url: str) -> None:
+def test_schemathesis_finds_no_server_errors_and_every_answer_is_documented(base_url: str) -> None:
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
     for result in schema.get_all_operations():
         operation = result.ok()
 
@@ -68,6 +71,6 @@ def test_schemathesis_finds_no_server_errors(base_url: str) -> None:
         @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def no_server_error(case: schemathesis.Case) -> None:
             response = case.call(timeout=60)
-            assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:300]}"
+            case.validate_response(response, checks=checks)
 
         no_server_error()
