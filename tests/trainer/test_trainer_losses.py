@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -75,7 +76,7 @@ def test_student_and_teacher_score_the_same_tokens_position_by_position(tmp_path
 
     # With an empty hint the teacher reads the student's exact context, so its logits at the site
     # must equal the student's logits at the site token by token.
-    empty = type(site)(site.turn, site.start, site.end, (), site.error_kinds)
+    empty = dataclasses.replace(site, hint_ids=())
     model = trainer.model
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)

@@ -10,6 +10,7 @@ the two are compared.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from typing import Any
@@ -123,7 +124,7 @@ def runs(service_url, tokenizer, base_model, tmp_path_factory) -> dict[str, tupl
         rollouts = config.per_device_train_batch_size * config.steps_per_generation
         check = GradientCheck()
         trainer = RecordingTrainer(
-            model=base_model,
+            model=copy.deepcopy(base_model),  # TRL patches `forward` on the instance it trains; keep the fixture clean
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,

@@ -1,0 +1,35 @@
+"""`load_policy`: what it hands to TRL, by name or from a checkpoint directory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template, supports_tool_calling
+
+from trainer_client.policy import load_policy, tiny_random_model
+
+
+def test_a_checkpoint_saved_with_trls_training_template_gets_the_one_trl_parses(tmp_path, tokenizer: Any) -> None:
+    # SFTTrainer may save the training variant of the template (generation tags); GRPO would then
+    # not recognise it and parse no tool calls at all.
+    tokenizer.chat_template = qwen2_5_training_chat_template
+    try:
+        tiny_random_model(len(tokenizer), hidden_size=16, layers=1).save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+    finally:
+        tokenizer.chat_template = qwen2_5_chat_template
+    model, loaded = load_policy(str(tmp_path))
+    assert loaded.chat_template == qwen2_5_chat_template and supports_tool_calling(loaded)
+    assert model.config.hidden_size == 16 and loaded.pad_token_id is not None
+
+
+def test_a_chatml_checkpoint_without_tool_calling_gets_trls_qwen2_5_template(tmp_path, tokenizer: Any) -> None:
+    template = tokenizer.chat_template
+    tokenizer.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    try:
+        tiny_random_model(len(tokenizer), hidden_size=16, layers=1).save_pretrained(tmp_path)
+        tokenizer.save_pretrained(tmp_path)
+    finally:
+        tokenizer.chat_template = template
+    _, loaded = load_policy(str(tmp_path))
+    assert loaded.chat_template == qwen2_5_chat_template
