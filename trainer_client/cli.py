@@ -1,9 +1,12 @@
-"""`coding-train`: train a policy against the service (`train`), plus the trace tools (`ingest`, `replay`)."""
+"""`coding-train`: train a policy against the service (`train`), the warm start (`demos`, `sft`),
+`eval`, plus the trace tools (`ingest`, `replay`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer_client.client import ClientSettings
 from trainer_client.policy import PolicySpec
+from trainer_client.task_rows import task_row
 
 
 class TrainRunConfig(BaseModel):
@@ -58,12 +62,14 @@ def train(args: argparse.Namespace) -> int:
     options = dict(run.trainer)
     if args.max_steps is not None:
         options["max_steps"] = args.max_steps
+    if args.output_dir is not None:
+        options["output_dir"] = str(args.output_dir)
     use_vllm = run.generation == "vllm" or (run.generation == "auto" and importlib.util.find_spec("vllm") is not None)
     options.setdefault("use_vllm", use_vllm)
     config = ComposerConfig(**options)
 
     model, tokenizer = load_policy(run.policy)
-    rows = [{"prompt": [{"role": "user", "content": ""}], "task_id": task} for task in run.tasks] * run.task_repeats
+    rows = [task_row(task) for task in run.tasks] * run.task_repeats
     trainer = ComposerTrainer(
         model=model,
         args=config,
@@ -79,6 +85,94 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_task_selection(parser: argparse.ArgumentParser, *, default_split: str) -> None:
+    parser.add_argument("--suite", required=True, help="task suite (e.g. warmup, builtin)")
+    parser.add_argument("--split", choices=["train", "held_out", "all"], default=default_split, help="fixed id-hash split")
+    parser.add_argument("--limit", type=int, help="only the first N tasks (after --shuffle)")
+    parser.add_argument("--shuffle", action="store_true", help="seeded shuffle of the ids first (mixes a suite's levels)")
+
+
+def select_task_ids(args: argparse.Namespace) -> list[str]:
+    """Ids of a suite's split from the task registry installed here (the service serves the same suites)."""
+    from env_server.tasks import default_registry
+
+    ids = default_registry().ids(args.suite, split=None if args.split == "all" else args.split)
+    if args.shuffle:
+        random.Random(args.seed).shuffle(ids)
+    return ids[: args.limit] if args.limit is not None else ids
+
+
+def make_demos(args: argparse.Namespace) -> int:
+    from env_server.tasks import default_registry
+    from trainer_client.demos import play_demos, write_demos
+    from trainer_client.environment import environment_factory
+
+    if args.split == "held_out":
+        raise SystemExit("coding-train demos: demos are training data; held-out tasks are for evaluation only")
+    registry = default_registry()
+    tasks = [registry.get(task_id) for task_id in select_task_ids(args)]
+    settings = ClientSettings(base_url=args.env_url, api_token=args.api_token)
+    demos = play_demos(
+        tasks, environment_factory(settings), mistake_rate=args.mistake_rate, seed=args.seed, concurrency=args.concurrency
+    )
+    kept, played = write_demos(demos, args.out)
+    print(f"{kept}/{played} demos graded 1.0 written to {args.out}")
+    return 0 if kept else 1
+
+
+def fine_tune(args: argparse.Namespace) -> int:
+    from trainer_client.sft import load_sft_config, run_sft
+
+    run = load_sft_config(args.config)
+    if args.output_dir is not None:
+        run.output_dir = args.output_dir
+    if args.max_steps is not None:
+        run.trainer["max_steps"] = args.max_steps
+    print(f"saved to {run_sft(run)}")
+    return 0
+
+
+def evaluate_policy(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from trainer_client.environment import environment_factory
+    from trainer_client.evaluation import EvalSettings, Evaluator, write_report
+    from trainer_client.policy import load_policy
+
+    task_ids = select_task_ids(args)
+    settings = EvalSettings(
+        n=args.n,
+        temperature=args.temperature,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_completion_length=args.max_completion_length,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+    model, tokenizer = load_policy(PolicySpec(name=args.model))
+    model.eval()
+    client = ClientSettings(base_url=args.env_url, api_token=args.api_token)
+    started = time.perf_counter()
+    with tqdm(total=len(task_ids) * args.n, desc="episodes", unit="ep") as bar:
+        evaluator = Evaluator(model, tokenizer, environment_factory(client, grade_unsubmitted=False), settings, bar.update)
+        episodes = evaluator.run(task_ids)
+    seconds = time.perf_counter() - started
+    meta = {
+        "model": args.model,
+        "suite": args.suite,
+        "split": args.split,
+        **settings.model_dump(),
+        "seconds": seconds,
+        "seconds_per_task": seconds / max(1, len(task_ids)),
+    }
+    report = write_report(episodes, args.out, k=args.n, meta=meta)
+    print(
+        f"pass@1 {report['pass@1']['value']:.3f} {report['pass@1']['ci95']}  "
+        f"valid tool calls {report['valid_tool_call_rate']['value']:.3f}  -> {args.out / 'eval.json'}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coding-train", description="Train a policy on the coding environment service.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,7 +180,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, type=Path, help="run YAML (see trainer_client/configs/)")
     run.add_argument("--env-url", help="service URL (overrides environment.base_url)")
     run.add_argument("--max-steps", type=int, help="optimizer steps (overrides trainer.max_steps)")
+    run.add_argument("--output-dir", type=Path, help="where checkpoints and the final model go (overrides trainer.output_dir)")
     run.set_defaults(func=train)
+    demos = commands.add_parser("demos", help="play expert episodes from reference solutions; write SFT chat data")
+    _add_task_selection(demos, default_split="train")
+    demos.add_argument("--env-url", required=True, help="service URL")
+    demos.add_argument("--api-token", help="bearer token of the service")
+    demos.add_argument("--out", required=True, type=Path, help="JSONL file to write")
+    demos.add_argument("--mistake-rate", type=float, default=0.3, help="share of episodes that make a mistake first and recover")
+    demos.add_argument("--seed", type=int, default=0, help="seed of the mistake draws")
+    demos.add_argument("--concurrency", type=int, default=4, help="sessions at once")
+    demos.set_defaults(func=make_demos)
+    sft = commands.add_parser("sft", help="warm start: TRL SFTTrainer on demos (loss on assistant turns)")
+    sft.add_argument("--config", required=True, type=Path, help="SFT YAML (see trainer_client/configs/sft/smollm2_cpu.yaml)")
+    sft.add_argument("--output-dir", type=Path, help="overrides output_dir")
+    sft.add_argument("--max-steps", type=int, help="overrides trainer.max_steps")
+    sft.set_defaults(func=fine_tune)
+    evaluate = commands.add_parser("eval", help="pass@k of a policy on a task split, through the service")
+    evaluate.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny-random, or a checkpoint directory")
+    evaluate.add_argument("--env-url", required=True, help="service URL")
+    evaluate.add_argument("--api-token", help="bearer token of the service")
+    _add_task_selection(evaluate, default_split="held_out")
+    evaluate.add_argument("--n", type=int, default=4, help="samples per task (pass@1 and pass@n are reported)")
+    evaluate.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0: greedy)")
+    evaluate.add_argument("--max-turns", type=int, default=10, help="assistant turns per episode")
+    evaluate.add_argument("--max-new-tokens", type=int, default=256, help="tokens per assistant turn")
+    evaluate.add_argument("--max-completion-length", type=int, default=2048, help="token budget of a whole episode")
+    evaluate.add_argument("--concurrency", type=int, default=8, help="episodes (service sessions) at once")
+    evaluate.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
+    evaluate.add_argument("--out", required=True, type=Path, help="directory for eval.json and eval.png")
+    evaluate.set_defaults(func=evaluate_policy)
     try:
         from trainer_client.traces.cli import register as register_traces
     except ImportError:

@@ -1,0 +1,185 @@
+"""Expert demonstrations for the SFT warm start, played through the service.
+
+For each task an expert script (built from the task's reference solution) inspects the workspace,
+writes the solution, runs the visible tests and submits, through the same environment class and
+tool methods TRL's `environment_factory` rollouts use. A seeded share of episodes first makes a
+realistic mistake (a syntax error in the first write, a mistyped command, reading a file that
+does not exist) and recovers on the next turn, so the demos also show what to do after an error.
+
+Each demo is written as a chat (`messages` + `tools`) that renders, with the policy's chat
+template, to exactly the tokens a TRL rollout of the same episode holds; only episodes the service
+graded 1.0 are kept. The reference solutions are read from the task registry on this machine (the
+service never hands them out), so this command runs where the suites are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from env_server.models import TaskSpec
+from trainer_client.environment import CodingEnvironment
+from trainer_client.task_rows import prompt_after_reset, task_row
+from trainer_client.trl_rollout import dispatch, environment_methods, tool_message
+
+Mistake = Literal["syntax_error", "command_typo", "missing_file"]
+FINAL_REPLY = "I submitted the solution."
+"""The expert's last turn: after `submit` answers, a reply without a tool call ends TRL's tool loop."""
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """One expert turn: a single tool call."""
+
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def _break_syntax(source: str) -> str:
+    """The same file with one typical slip: the colon of the first block header dropped."""
+    lines = source.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        stripped = line.rstrip()
+        if stripped.endswith(":") and stripped.lstrip().startswith(("def ", "class ", "if ", "for ", "while ")):
+            lines[index] = stripped[:-1] + line[len(stripped) :]
+            return "".join(lines)
+    return source + "\nprint((\n"
+
+
+def applicable_mistakes(task: TaskSpec) -> list[Mistake]:
+    """The mistakes the expert can make on this task before recovering."""
+    solution = task.metadata.get("solution") or {}
+    kinds: list[Mistake] = ["missing_file"]
+    if any(path.endswith(".py") and _break_syntax(text) != text for path, text in solution.items()):
+        kinds.append("syntax_error")
+    return [*kinds, "command_typo"]
+
+
+def expert_steps(task: TaskSpec, mistake: Mistake | None = None) -> list[ToolStep]:
+    """The scripted episode: inspect, (mistake and recovery), write, run the tests, submit."""
+    solution: dict[str, str] = task.metadata.get("solution") or {}
+    command: str | None = task.metadata.get("solution_command")
+    if not solution and not command:
+        raise ValueError(f"task {task.id} has no reference solution")
+    steps = [ToolStep("list_dir")]
+    if mistake == "missing_file":
+        target = next(iter(solution), "solution.py")
+        steps.append(ToolStep("read_file", {"path": f"src/{target}"}))  # a plausible but wrong location
+    steps += [ToolStep("read_file", {"path": path}) for path in solution if path in task.files]
+    writes = [ToolStep("write_file", {"path": path, "content": text}) for path, text in solution.items()]
+    if mistake == "syntax_error":
+        broken = next(path for path, text in solution.items() if path.endswith(".py") and _break_syntax(text) != text)
+        steps += [ToolStep("write_file", {"path": broken, "content": _break_syntax(solution[broken])}), _check_step(task, solution)]
+    steps += writes
+    if command:
+        steps.append(ToolStep("bash", {"command": command}))
+    if mistake == "command_typo":
+        steps.append(ToolStep("bash", {"command": "pytset -q" if task.visible_tests else "pyhton3 --version"}))
+    steps.append(_check_step(task, solution))
+    steps.append(ToolStep("submit"))
+    return steps
+
+
+def _check_step(task: TaskSpec, solution: dict[str, str]) -> ToolStep:
+    """How the expert checks its work: the visible tests, or else importing the modules it wrote."""
+    if task.visible_tests:
+        return ToolStep("run_tests")
+    modules = [path[: -len(".py")].replace("/", ".") for path in solution if path.endswith(".py")]
+    return ToolStep("bash", {"command": f"python3 -c 'import {', '.join(modules)}'" if modules else "ls"})
+
+
+class Demo(BaseModel):
+    """One expert episode as SFT data (one JSONL line)."""
+
+    task_id: str
+    mistake: Mistake | None
+    messages: list[dict[str, Any]]
+    """The conversation TRL would hold: the reset prompt, then assistant turns and tool results."""
+    tools: str
+    """JSON of the tool schemas the prompt is rendered with (SFTTrainer's `tools` column)."""
+    reward: float
+    error_kinds: list[str]
+    """Error kinds the service reported during the episode (the mistake's, when there was one)."""
+
+
+def tool_schemas(environment: CodingEnvironment) -> list[dict[str, Any]]:
+    """The JSON schemas `apply_chat_template` derives from the environment's tool methods."""
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(method) for method in environment_methods(environment)]
+
+
+def play_demo(environment: CodingEnvironment, task: TaskSpec, mistake: Mistake | None) -> Demo:
+    """Play the expert script through the service and record it as TRL would."""
+    row = task_row(task.id)
+    messages = prompt_after_reset(row, environment.reset(**row))
+    tools = {method.__name__: method for method in environment_methods(environment)}
+    for step in expert_steps(task, mistake):
+        call = {"type": "function", "function": {"name": step.tool, "arguments": step.arguments}}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        name, result, _ = dispatch(tools, call)
+        messages.append(tool_message(name, result))
+    messages.append({"role": "assistant", "content": FINAL_REPLY})
+    return Demo(
+        task_id=task.id,
+        mistake=mistake,
+        messages=messages,
+        tools=json.dumps(tool_schemas(environment)),
+        reward=environment.get_reward(),
+        error_kinds=[record.error_kind.value for record in environment.tool_calls if record.error_kind is not None],
+    )
+
+
+def choose_mistake(task: TaskSpec, rate: float, seed: int) -> Mistake | None:
+    """A seeded draw per task: no mistake with probability `1 - rate`, else one that fits the task."""
+    rng = random.Random(f"{seed}:{task.id}")
+    return rng.choice(applicable_mistakes(task)) if rng.random() < rate else None
+
+
+def play_demos(
+    tasks: list[TaskSpec],
+    new_environment: Callable[[], CodingEnvironment],
+    *,
+    mistake_rate: float = 0.3,
+    seed: int = 0,
+    concurrency: int = 4,
+) -> Iterator[Demo]:
+    """Demos in task order, `concurrency` sessions at a time (one environment per worker)."""
+
+    def play(chunk: list[TaskSpec]) -> list[Demo]:
+        environment = new_environment()
+        try:
+            return [play_demo(environment, task, choose_mistake(task, mistake_rate, seed)) for task in chunk]
+        finally:
+            environment._close()
+
+    chunks = [tasks[i::concurrency] for i in range(concurrency) if tasks[i::concurrency]]
+    with ThreadPoolExecutor(max_workers=max(1, len(chunks))) as pool:
+        results = list(pool.map(play, chunks))
+    by_id = {demo.task_id: demo for chunk in results for demo in chunk}
+    yield from (by_id[task.id] for task in tasks)
+
+
+def write_demos(demos: Iterator[Demo], out: Path) -> tuple[int, int]:
+    """Write the demos graded 1.0 as JSONL; returns (kept, played)."""
+    kept = played = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as handle:
+        for demo in demos:
+            played += 1
+            if demo.reward >= 1.0:
+                kept += 1
+                handle.write(demo.model_dump_json() + "\n")
+    return kept, played
+
+
+def read_demos(path: Path) -> list[Demo]:
+    with open(path, encoding="utf-8") as handle:
+        return [Demo.model_validate_json(line) for line in handle if line.strip()]

@@ -1,0 +1,344 @@
+"""`coding-train eval`: K sampled episodes per task through the service, scored with pass@k.
+
+Episodes run the way TRL's tool loop runs them in training (same prompt, tool schemas, tool
+dispatch and token layout, see `trl_rollout`), many at once: generation is batched over the open
+episodes and their tool calls go to the service concurrently. Three choices differ from a training
+rollout and are on purpose: an episode stops at `submit` (nothing after it changes the reward), an
+unsubmitted episode scores 0 (a pass needs a submission), and a pass is a reward of 1.0 (every
+hidden test passed).
+
+Statistics: pass@k by the unbiased estimator of Chen et al. (2021) per task, averaged over tasks;
+95% intervals by a percentile bootstrap over tasks (the unit that was sampled).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer_client.hint_sites import turn_reports
+from trainer_client.task_rows import prompt_after_reset, task_row
+
+
+# ----------------------------------------------------------------------------------- statistics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of P(at least one of k samples passes) from n samples with c passes."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def bootstrap_interval(
+    values: Sequence[float],
+    weights: Sequence[float] | None = None,
+    *,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the (weighted) mean over units resampled with replacement.
+
+    With `weights` the statistic is `sum(w * v) / sum(w)`: a pooled rate over units of unequal size
+    (e.g. valid turns / turns, resampling tasks)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return (math.nan, math.nan)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, v.size, size=(resamples, v.size))
+    totals = w[picks].sum(axis=1)
+    means = np.divide((v * w)[picks].sum(axis=1), totals, out=np.full(resamples, np.nan), where=totals > 0)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.nanpercentile(means, [tail, 100 - tail])
+    return (float(low), float(high))
+
+
+# ------------------------------------------------------------------------------------- episodes
+
+
+@dataclass
+class Episode:
+    """One sampled episode and what was seen in it."""
+
+    task_id: str
+    sample: int
+    environment: Any = None
+    context: list[int] = field(default_factory=list)
+    completion: list[dict[str, Any]] = field(default_factory=list)
+    """Assistant and tool messages after the prompt, as TRL's tool loop appends them."""
+    completion_tokens: int = 0
+    turns: int = 0
+    valid_turns: int = 0
+    """Turns with at least one tool call and none malformed (the trainer's `policy/valid_call_rate`)."""
+    error_kinds: list[str] = field(default_factory=list)
+    """Failures the policy caused, per turn (the trainer's `policy/failures/<kind>`)."""
+    submitted: bool = False
+    last_turn_ended: bool = True
+    open: bool = True
+    pending: list[int] = field(default_factory=list)
+    """The turn just generated, not yet acted on."""
+    reward: float = 0.0
+    started: float = 0.0
+    seconds: float = 0.0
+
+
+class EvalSettings(BaseModel):
+    """How episodes are sampled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(default=4, ge=1)
+    """Samples per task (pass@k is reported for k = 1 and k = n)."""
+
+    temperature: float = Field(default=0.7, ge=0)
+    """Sampling temperature (0: greedy, then all samples of a task are the same)."""
+
+    max_turns: int = Field(default=10, ge=1)
+    """Assistant turns per episode (TRL's `max_tool_calling_iterations` + 1)."""
+
+    max_new_tokens: int = Field(default=256, ge=1)
+    """Tokens one assistant turn may generate."""
+
+    max_completion_length: int = Field(default=2048, ge=1)
+    """Budget of the whole completion (turns and tool results), as TRL's `max_completion_length`."""
+
+    concurrency: int = Field(default=8, ge=1)
+    """Episodes open at once (service sessions; generation is batched over them)."""
+
+    seed: int = 0
+    """Sampling seed."""
+
+
+class Evaluator:
+    """Runs episodes of one policy against the service."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        new_environment: Callable[[], Any],
+        settings: EvalSettings,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        from trl.chat_template_utils import add_response_schema
+
+        self._model = model
+        self._tokenizer = add_response_schema(tokenizer)
+        self._new_environment = new_environment
+        self._settings = settings
+        self._progress = progress or (lambda _n: None)
+
+    def run(self, task_ids: Sequence[str]) -> list[Episode]:
+        """All `n` episodes of every task, `concurrency` at a time, in task order."""
+        import torch
+
+        torch.manual_seed(self._settings.seed)
+        queue = [Episode(task_id, sample) for task_id in task_ids for sample in range(self._settings.n)]
+        finished: list[Episode] = []
+        active: list[Episode] = []
+        idle: list[Any] = []  # environments whose episode ended, reused by the next one (one session each)
+        with ThreadPoolExecutor(max_workers=self._settings.concurrency) as pool:
+            try:
+                while queue or active:
+                    starting = [queue.pop(0) for _ in range(min(len(queue), self._settings.concurrency - len(active)))]
+                    for episode in starting:
+                        episode.environment = idle.pop() if idle else self._new_environment()
+                    list(pool.map(self._start, starting))
+                    active += starting
+                    self._generate_turns(active)
+                    list(pool.map(self._act, active))
+                    for episode in [e for e in active if not e.open]:
+                        active.remove(episode)
+                        self._finish(episode)
+                        episode.seconds = time.perf_counter() - episode.started
+                        idle.append(episode.environment)
+                        episode.environment = None
+                        finished.append(episode)
+                        self._progress(1)
+            finally:
+                for environment in idle + [e.environment for e in active if e.environment is not None]:
+                    environment._close()
+        position = {task_id: i for i, task_id in enumerate(task_ids)}
+        return sorted(finished, key=lambda e: (position[e.task_id], e.sample))
+
+    def _start(self, episode: Episode) -> None:
+        from trainer_client.trl_rollout import environment_methods
+
+        episode.started = time.perf_counter()
+        row = task_row(episode.task_id)
+        prompt = prompt_after_reset(row, episode.environment.reset(**row))
+        tools = environment_methods(episode.environment)
+        episode.context = list(
+            self._tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+
+    def _generate_turns(self, episodes: list[Episode]) -> None:
+        """One assistant turn for every open episode, in one batched `generate`."""
+        import torch
+
+        tokenizer, settings = self._tokenizer, self._settings
+        budgets = [settings.max_completion_length - e.completion_tokens for e in episodes]
+        width = max(len(e.context) for e in episodes)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(e.context)) + e.context for e in episodes])
+        attention = torch.tensor([[0] * (width - len(e.context)) + [1] * len(e.context) for e in episodes])
+        sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {"do_sample": False}
+        with torch.no_grad():
+            output = self._model.generate(
+                input_ids=input_ids.to(self._model.device),
+                attention_mask=attention.to(self._model.device),
+                max_new_tokens=max(1, min(settings.max_new_tokens, max(budgets))),
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad,
+                **sampling,
+            )
+        for episode, row, budget in zip(episodes, output[:, width:].tolist(), budgets, strict=True):
+            # Generation stops at EOS; what follows in the row is padding for the longer rows.
+            turn = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
+            episode.pending = turn[: max(budget, 0)]
+
+    def _act(self, episode: Episode) -> None:
+        """Parse the pending turn, run its calls as TRL would, and extend the context."""
+        from trl.chat_template_utils import parse_response
+
+        from trainer_client.trl_rollout import dispatch, environment_methods, tool_message, tool_suffix_ids
+
+        turn = episode.pending
+        tools = {method.__name__: method for method in environment_methods(episode.environment)}
+        parsed = parse_response(self._tokenizer, turn, prefix=episode.context, tools=list(tools.values()))
+        calls = parsed.get("tool_calls") or []
+        episode.completion.append(parsed)
+        episode.context += turn
+        episode.completion_tokens += len(turn)
+        episode.last_turn_ended = bool(turn) and turn[-1] == self._tokenizer.eos_token_id
+        results = [tool_message(name, result) for name, result, _ in (dispatch(tools, call) for call in calls)]
+        episode.submitted = episode.environment.episode_over  # submitted, or the service's step limit
+        episode.completion += results
+        if results:
+            suffix = tool_suffix_ids(self._tokenizer, results)
+            episode.context += suffix
+            episode.completion_tokens += len(suffix)
+        turns = sum(message["role"] == "assistant" for message in episode.completion)
+        episode.open = (
+            bool(calls)
+            and not episode.submitted
+            and turns < self._settings.max_turns
+            and episode.completion_tokens < self._settings.max_completion_length
+        )
+
+    def _finish(self, episode: Episode) -> None:
+        """Grade the episode and judge its turns as the trainer does (`turn_reports`)."""
+        from trainer_client.trl_rollout import environment_methods
+
+        environment = episode.environment
+        episode.reward = environment.get_reward()
+        names = {method.__name__ for method in environment_methods(environment)}
+        reports = turn_reports(
+            environment.tool_calls,
+            episode.completion,
+            names,
+            episode_over=environment.episode_over,
+            last_turn_ended=episode.last_turn_ended,
+        )
+        if reports is None:
+            raise RuntimeError(f"{episode.task_id}: the environment's call records do not match the turns' calls")
+        episode.turns = len(reports)
+        episode.valid_turns = sum(report.valid_call for report in reports)
+        episode.error_kinds = [failure.kind.value for report in reports for failure in report.failures]
+
+
+# -------------------------------------------------------------------------------------- summary
+
+
+def summarize(episodes: Sequence[Episode], *, k: int, seed: int = 0) -> dict[str, Any]:
+    """The figures of `eval.json` from finished episodes (n per task)."""
+    tasks: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        tasks.setdefault(episode.task_id, []).append(episode)
+    per_task = []
+    for task_id, runs in tasks.items():
+        passes = sum(e.reward >= 1.0 for e in runs)
+        per_task.append(
+            {
+                "task_id": task_id,
+                "n": len(runs),
+                "passes": passes,
+                "pass@1": pass_at_k(len(runs), passes, 1),
+                f"pass@{k}": pass_at_k(len(runs), passes, min(k, len(runs))),
+                "mean_reward": float(np.mean([e.reward for e in runs])),
+                "turns": sum(e.turns for e in runs),
+                "valid_turns": sum(e.valid_turns for e in runs),
+            }
+        )
+
+    def estimate(values: list[float], weights: list[float] | None = None) -> dict[str, Any]:
+        w = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=float)
+        value = float(np.dot(values, w) / w.sum()) if w.sum() > 0 else math.nan
+        low, high = bootstrap_interval(values, weights, seed=seed)
+        return {"value": value, "ci95": [low, high]}
+
+    turns = [e.turns for e in episodes]
+    valid_rates = [t["valid_turns"] / t["turns"] if t["turns"] else 0.0 for t in per_task]
+    return {
+        "tasks": len(per_task),
+        "episodes": len(episodes),
+        "pass@1": estimate([t["pass@1"] for t in per_task]),
+        f"pass@{k}": estimate([t[f"pass@{k}"] for t in per_task]),
+        "mean_reward": estimate([t["mean_reward"] for t in per_task]),
+        "valid_tool_call_rate": estimate(valid_rates, [t["turns"] for t in per_task]),
+        "submitted_rate": float(np.mean([e.submitted for e in episodes])),
+        "error_kinds": dict(Counter(kind for e in episodes for kind in e.error_kinds).most_common()),
+        "turns_per_episode": {"mean": float(np.mean(turns)), "histogram": dict(sorted(Counter(turns).items()))},
+        "per_task": per_task,
+    }
+
+
+def plot(summary: dict[str, Any], path: Path, *, k: int, title: str) -> None:
+    """Three panels: rates with 95% intervals, the error-kind histogram, turns per episode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rates, kinds, turns) = plt.subplots(1, 3, figsize=(15, 4.5))
+    names = ["pass@1", f"pass@{k}", "mean_reward", "valid_tool_call_rate"]
+    values = [summary[name]["value"] for name in names]
+    errors = np.array([[v - summary[n]["ci95"][0], summary[n]["ci95"][1] - v] for n, v in zip(names, values)]).T
+    rates.bar(range(len(names)), values, yerr=np.nan_to_num(errors), capsize=4, color="#4477aa")
+    rates.set_xticks(range(len(names)), ["pass@1", f"pass@{k}", "reward", "valid call"])
+    rates.set_ylim(0, 1.05)
+    rates.set_title("rates (95% bootstrap CI over tasks)")
+    histogram = summary["error_kinds"] or {"(none)": 0}
+    kinds.barh(list(histogram), list(histogram.values()), color="#cc6677")
+    kinds.invert_yaxis()
+    kinds.set_title("error kinds (count)")
+    counts = summary["turns_per_episode"]["histogram"]
+    turns.bar([int(t) for t in counts], list(counts.values()), color="#117733")
+    turns.set_xlabel("assistant turns")
+    turns.set_title("turns per episode")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_report(episodes: Sequence[Episode], out: Path, *, k: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """`out/eval.json` and `out/eval.png`; returns the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = {**meta, **summarize(episodes, k=k, seed=meta.get("seed", 0))}
+    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(report, out / "eval.png", k=k, title=f"{meta.get('model')} on {meta.get('suite')} ({report['tasks']} tasks x {k})")
+    return report
