@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 
 from env_server.models import TaskSpec
 from trainer_client.environment import CodingEnvironment
+from trainer_client.records import PreferencePair
 from trainer_client.task_rows import prompt_after_reset, task_row
 from trainer_client.trl_rollout import dispatch, environment_methods, tool_message
 
@@ -151,20 +153,22 @@ def play_demos(
     seed: int = 0,
     concurrency: int = 4,
 ) -> Iterator[Demo]:
-    """Demos in task order, `concurrency` sessions at a time (one environment per worker)."""
+    """Demos in task order as they finish, `concurrency` sessions at a time (one environment per worker)."""
+    local = threading.local()
+    environments: list[CodingEnvironment] = []
 
-    def play(chunk: list[TaskSpec]) -> list[Demo]:
-        environment = new_environment()
+    def play(task: TaskSpec) -> Demo:
+        if not hasattr(local, "environment"):
+            local.environment = new_environment()
+            environments.append(local.environment)
+        return play_demo(local.environment, task, choose_mistake(task, mistake_rate, seed))
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
         try:
-            return [play_demo(environment, task, choose_mistake(task, mistake_rate, seed)) for task in chunk]
+            yield from pool.map(play, tasks)
         finally:
-            environment._close()
-
-    chunks = [tasks[i::concurrency] for i in range(concurrency) if tasks[i::concurrency]]
-    with ThreadPoolExecutor(max_workers=max(1, len(chunks))) as pool:
-        results = list(pool.map(play, chunks))
-    by_id = {demo.task_id: demo for chunk in results for demo in chunk}
-    yield from (by_id[task.id] for task in tasks)
+            for environment in environments:
+                environment._close()
 
 
 def write_demos(demos: Iterator[Demo], out: Path) -> tuple[int, int]:
@@ -177,7 +181,26 @@ def write_demos(demos: Iterator[Demo], out: Path) -> tuple[int, int]:
             if demo.reward >= 1.0:
                 kept += 1
                 handle.write(demo.model_dump_json() + "\n")
+                handle.flush()  # a long run can be used (or stopped) while it is still going
     return kept, played
+
+
+def mistake_pair(task: TaskSpec, demo: Demo) -> PreferencePair | None:
+    """A DPO pair from a demo that made a mistake: at the state before it, the clean expert's action
+    is preferred over the mistaken one (None for a clean demo)."""
+    if demo.mistake is None:
+        return None
+    clean, flawed = expert_steps(task), expert_steps(task, demo.mistake)
+    turn = next(i for i, (a, b) in enumerate(zip(clean, flawed)) if a != b)
+    at = 1 + 2 * turn  # the prompt, then an assistant turn and its tool result per step
+    chosen_call = {"type": "function", "function": {"name": clean[turn].tool, "arguments": clean[turn].arguments}}
+    return PreferencePair(
+        state_id=f"{task.id}#{turn}",
+        messages=demo.messages[:at],
+        chosen={"role": "assistant", "content": "", "tool_calls": [chosen_call]},
+        rejected=demo.messages[at],
+        teachers=["reference-solution"],
+    )
 
 
 def read_demos(path: Path) -> list[Demo]:

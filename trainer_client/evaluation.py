@@ -90,7 +90,8 @@ class Episode:
     open: bool = True
     pending: list[int] = field(default_factory=list)
     """The turn just generated, not yet acted on."""
-    reward: float = 0.0
+    reward: float | None = None
+    """The service's grade; None when grading failed for infrastructure reasons (left out of the figures)."""
     started: float = 0.0
     seconds: float = 0.0
 
@@ -244,7 +245,9 @@ class Evaluator:
         from trainer_client.trl_rollout import environment_methods
 
         environment = episode.environment
-        episode.reward = environment.get_reward()
+        reward = environment.get_reward()
+        # A submitted episode without a reward was not graded (a sandbox fault): it says nothing about the policy.
+        episode.reward = None if environment.episode_over and environment.reward is None else reward
         names = {method.__name__ for method in environment_methods(environment)}
         reports = turn_reports(
             environment.tool_calls,
@@ -266,7 +269,8 @@ class Evaluator:
 def summarize(episodes: Sequence[Episode], *, k: int, seed: int = 0) -> dict[str, Any]:
     """The figures of `eval.json` from finished episodes (n per task)."""
     tasks: dict[str, list[Episode]] = {}
-    for episode in episodes:
+    graded = [episode for episode in episodes if episode.reward is not None]
+    for episode in graded:
         tasks.setdefault(episode.task_id, []).append(episode)
     per_task = []
     for task_id, runs in tasks.items():
@@ -290,18 +294,22 @@ def summarize(episodes: Sequence[Episode], *, k: int, seed: int = 0) -> dict[str
         low, high = bootstrap_interval(values, weights, seed=seed)
         return {"value": value, "ci95": [low, high]}
 
-    turns = [e.turns for e in episodes]
+    turns = [e.turns for e in graded]
     valid_rates = [t["valid_turns"] / t["turns"] if t["turns"] else 0.0 for t in per_task]
     return {
         "tasks": len(per_task),
-        "episodes": len(episodes),
+        "episodes": len(graded),
+        "ungraded_episodes": len(episodes) - len(graded),
         "pass@1": estimate([t["pass@1"] for t in per_task]),
         f"pass@{k}": estimate([t[f"pass@{k}"] for t in per_task]),
         "mean_reward": estimate([t["mean_reward"] for t in per_task]),
         "valid_tool_call_rate": estimate(valid_rates, [t["turns"] for t in per_task]),
-        "submitted_rate": float(np.mean([e.submitted for e in episodes])),
-        "error_kinds": dict(Counter(kind for e in episodes for kind in e.error_kinds).most_common()),
-        "turns_per_episode": {"mean": float(np.mean(turns)), "histogram": dict(sorted(Counter(turns).items()))},
+        "submitted_rate": float(np.mean([e.submitted for e in graded])) if graded else math.nan,
+        "error_kinds": dict(Counter(kind for e in graded for kind in e.error_kinds).most_common()),
+        "turns_per_episode": {
+            "mean": float(np.mean(turns)) if turns else math.nan,
+            "histogram": dict(sorted(Counter(turns).items())),
+        },
         "per_task": per_task,
     }
 

@@ -9,7 +9,6 @@ with the loss mask equal to TRL's `tool_mask`.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +75,14 @@ class _ScriptedTrainer(ComposerTrainer):
         return outputs, None
 
 
-def _without_timing(messages: list[dict[str, Any]]) -> str:
-    # What may differ between two plays of the same episode: pytest's run time ("in 0.06s") and, on a
-    # loaded machine, the grade (hidden checks have per-call time limits).
-    text = re.sub(r"\d+\.\d+s\b", "<t>", json.dumps(messages, sort_keys=True))
-    return re.sub(r"Submitted: [^\"]*", "Submitted: <grade>", text)
+def _shape(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant turns whole; tool results by name, with the content only of the file tools. Commands'
+    output (test run times, and on a loaded machine a timeout) and the grade may differ between plays."""
+    deterministic = {"list_dir", "read_file", "write_file"}
+    return [
+        m if m["role"] != "tool" else {"role": "tool", "name": m["name"], "content": m["content"] if m["name"] in deterministic else None}
+        for m in messages
+    ]
 
 
 @pytest.mark.docker
@@ -114,7 +116,7 @@ def test_demo_is_exactly_a_trl_rollout_of_the_episode(service_url: str, tokenize
     finally:
         trainer.close_environments()
     completion = trainer._rollout_messages[0]
-    assert _without_timing(demo.messages[1:]) == _without_timing(completion)
+    assert _shape(completion) == _shape(demo.messages[1:])
 
     # What SFT trains on, rendered from TRL's own conversation, is TRL's token sequence and mask.
     trl_prompt = output["prompt_ids"][0][output["prompt_mask"][0].bool()].tolist()

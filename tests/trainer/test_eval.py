@@ -15,7 +15,7 @@ from tests.trainer.conftest import SERVICE_TOKEN
 from trainer_client.client import ClientSettings
 from trainer_client.demos import play_demo
 from trainer_client.environment import environment_factory
-from trainer_client.evaluation import EvalSettings, Evaluator, bootstrap_interval, pass_at_k, summarize
+from trainer_client.evaluation import Episode, EvalSettings, Evaluator, bootstrap_interval, pass_at_k, summarize
 from trainer_client.trl_rollout import rollout_token_ids
 
 
@@ -130,3 +130,18 @@ def test_eval_command_writes_report_and_figure(service_url: str, tmp_path: Path)
     assert sum(report["turns_per_episode"]["histogram"].values()) == 4
     assert report["seconds_per_task"] > 0 and not math.isnan(report["seconds"])
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ungraded_episodes_are_left_out_not_failed() -> None:
+    episodes = [
+        Episode("a", 0, reward=1.0, turns=2, valid_turns=2),
+        Episode("a", 1, reward=None, turns=3, valid_turns=0),  # grading hit a sandbox fault
+        Episode("b", 0, reward=0.0, turns=1, valid_turns=1, error_kinds=["test_failure"]),
+        Episode("b", 1, reward=0.5, turns=1, valid_turns=0, error_kinds=["json_decode"]),
+    ]
+    report = summarize(episodes, k=2)
+    assert (report["tasks"], report["episodes"], report["ungraded_episodes"]) == (2, 3, 1)
+    assert report["pass@1"]["value"] == 0.5  # task a: 1 of 1 graded, task b: 0 of 2
+    assert report["valid_tool_call_rate"]["value"] == 3 / 4
+    assert report["error_kinds"] == {"test_failure": 1, "json_decode": 1}
+    assert report["turns_per_episode"]["histogram"] == {1: 2, 2: 1}

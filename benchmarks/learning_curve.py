@@ -1,0 +1,285 @@
+"""Learning curves: GRPO vs GRPO+SDPO vs GRPO+SDPO+DPO from one warm start, at equal steps and rollouts.
+
+Every arm starts from the same SFT checkpoint (`coding-train sft`), trains `ComposerTrainer` on
+warmup train-split tasks through the service with the same seeds, batch, rollouts and steps; only
+`sdpo_weight` (alpha) and `dpo_weight` (beta) differ. The policy is evaluated on held-out warmup
+tasks before training (once per seed: every arm starts there) and every `eval_every` steps, with
+`trainer_client.evaluation` (pass@1, valid-call rate, reward, bootstrap intervals over tasks).
+Training logs give the reward and the hint sites per batch. Curves are means over seeds with a
+t-interval (95%) when there are >= 2 seeds.
+
+The DPO arm's pairs come from the demos that made a mistake: at the state before the mistake the
+clean expert action is preferred over the mistaken one (`trainer_client.demos.mistake_pair`).
+
+Usage:
+    python benchmarks/learning_curve.py --warm-start out/sft_smollm2 --demos data/demos.jsonl \\
+        --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick]
+
+Full mode: 3 seeds x 3 arms x 6 steps, evaluation at steps 0, 3, 6 on 8 held-out tasks: designed
+for <= 2 h on a quiet 2-core machine at the measured ~100 s per GRPO step; `--quick`: 1 seed, 2 steps,
+4 tasks (~15 min). Writes results.json, learning_curve.png and table.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARMS: dict[str, dict[str, float]] = {
+    "grpo": {"sdpo_weight": 0.0, "dpo_weight": 0.0},
+    "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0},
+    "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
+}
+MODES = {
+    "full": dict(seeds=[0, 1, 2], steps=6, eval_every=3, eval_tasks=8, eval_n=2, train_tasks=64),
+    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16),
+}
+# Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+TRAIN_KEYS = ("reward", "sdpo/hint_sites", "policy/valid_call_rate", "reward/groups_with_variance", "loss")
+
+
+def mean_interval(values: list[float]) -> dict[str, Any]:
+    """Mean over seeds with a 95% t-interval (none for a single seed)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return {"mean": math.nan, "ci95": None, "seeds": 0}
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "ci95": None, "seeds": 1}
+    half = _T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "seeds": len(values)}
+
+
+def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int) -> dict[str, Any]:
+    from trainer_client.evaluation import EvalSettings, Evaluator, summarize
+
+    training = model.training
+    model.eval()
+    settings = EvalSettings(n=n, temperature=0.7, max_new_tokens=512, max_completion_length=3072, concurrency=8, seed=seed)
+    started = time.perf_counter()
+    episodes = Evaluator(model, tokenizer, factory, settings).run(task_ids)
+    model.train(training)
+    report = summarize(episodes, k=n, seed=seed)
+    report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]], pairs: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from trainer_client.client import ClientSettings
+    from trainer_client.environment import environment_factory
+    from trainer_client.policy import PolicySpec, load_policy
+    from trainer_client.task_rows import task_row
+    from trainer_client.trainer import ComposerConfig, ComposerTrainer
+
+    factory = environment_factory(ClientSettings(base_url=args.env_url, api_token=args.api_token))
+    model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+    evals: list[dict[str, Any]] = []
+
+    class EvaluateEvery(TrainerCallback):
+        def on_step_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step % mode["eval_every"] == 0:
+                report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed)
+                evals.append({"step": state.global_step, **_eval_point(report)})
+                print(f"  {arm} seed {seed} step {state.global_step}: {evals[-1]}", flush=True)
+
+    order = random.Random(seed).sample(tasks["train"], len(tasks["train"]))
+    config = ComposerConfig(
+        output_dir=str(args.out / "runs" / f"{arm}-seed{seed}"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        activation_checkpointing=False,
+        max_steps=mode["steps"],
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=2048,
+        max_tool_calling_iterations=8,
+        learning_rate=1e-6,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=seed,
+        dpo_pairs_path=str(pairs) if ARMS[arm]["dpo_weight"] > 0 else None,
+        **ARMS[arm],
+    )
+    trainer = ComposerTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list([task_row(task_id) for task_id in order]),
+        processing_class=tokenizer,
+        environment_factory=factory,
+        callbacks=[EvaluateEvery()],
+    )
+    started = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        trainer.close_environments()
+    train_log = [{key: row[key] for key in ("step", *TRAIN_KEYS) if key in row} for row in trainer.state.log_history if "loss" in row]
+    return {"evals": evals, "train": train_log, "seconds": time.perf_counter() - started}
+
+
+def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "pass@1": report["pass@1"]["value"],
+        "pass@1_ci95": report["pass@1"]["ci95"],
+        "valid_call_rate": report["valid_tool_call_rate"]["value"],
+        "mean_reward": report["mean_reward"]["value"],
+        "episodes": report["episodes"],
+        "ungraded": report["ungraded_episodes"],
+        "seconds": report["seconds"],
+    }
+
+
+def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> dict[str, Any]:
+    """Per arm and evaluated step, each metric's mean and interval over seeds; train metrics per step."""
+    curves: dict[str, Any] = {}
+    for arm in ARMS:
+        runs = [results["arms"][arm][str(seed)] for seed in seeds if str(seed) in results["arms"].get(arm, {})]
+        evals = {}
+        for step in steps:
+            points = [results["baseline"][str(s)] for s in seeds] if step == 0 else [
+                point for run in runs for point in run["evals"] if point["step"] == step
+            ]
+            evals[step] = {key: mean_interval([p[key] for p in points]) for key in ("pass@1", "valid_call_rate", "mean_reward")}
+        train: dict[str, Any] = {}
+        for key in TRAIN_KEYS:
+            by_step: dict[int, list[float]] = {}
+            for run in runs:
+                for row in run["train"]:
+                    if key in row:
+                        by_step.setdefault(row["step"], []).append(float(row[key]))
+            train[key] = {step: mean_interval(values) for step, values in sorted(by_step.items())}
+        curves[arm] = {"evals": evals, "train": train}
+    return curves
+
+
+def plot(curves: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    panels = [
+        (axes[0][0], "evals", "pass@1", "held-out pass@1"),
+        (axes[0][1], "evals", "valid_call_rate", "held-out valid tool-call rate"),
+        (axes[1][0], "train", "reward", "training reward (batch mean)"),
+        (axes[1][1], "train", "sdpo/hint_sites", "hint sites per batch"),
+    ]
+    for axis, part, key, name in panels:
+        for arm, curve in curves.items():
+            series = curve[part][key] if part == "train" else {step: point[key] for step, point in curve[part].items()}
+            steps = sorted(int(s) for s in series)
+            means = [series[s]["mean"] for s in steps]
+            axis.plot(steps, means, marker="o", label=arm)
+            bands = [series[s]["ci95"] for s in steps]
+            if all(band is not None for band in bands) and bands:
+                axis.fill_between(steps, [b[0] for b in bands], [b[1] for b in bands], alpha=0.15)
+        axis.set_title(name)
+        axis.set_xlabel("optimizer step")
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def table(curves: dict[str, Any], steps: list[int]) -> str:
+    def cell(point: dict[str, Any]) -> str:
+        if point["ci95"] is None:
+            return f"{point['mean']:.3f}"
+        return f"{point['mean']:.3f} [{point['ci95'][0]:.3f}, {point['ci95'][1]:.3f}]"
+
+    lines = ["| arm | step | pass@1 | valid-call rate | eval reward | train reward | hint sites / batch |", "|---|---|---|---|---|---|---|"]
+    for arm, curve in curves.items():
+        for step in steps:
+            point = curve["evals"][step]
+            train = {key: curve["train"][key].get(step) for key in ("reward", "sdpo/hint_sites")}
+            lines.append(
+                f"| {arm} | {step} | {cell(point['pass@1'])} | {cell(point['valid_call_rate'])} | {cell(point['mean_reward'])} | "
+                + " | ".join(cell(train[key]) if train[key] else "-" for key in ("reward", "sdpo/hint_sites"))
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--warm-start", required=True, type=Path, help="SFT checkpoint directory (coding-train sft)")
+    parser.add_argument("--demos", required=True, type=Path, help="the demos the warm start was trained on (DPO pairs)")
+    parser.add_argument("--env-url", required=True)
+    parser.add_argument("--api-token")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks (~15 min)")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    args = parser.parse_args()
+
+    from env_server.tasks import default_registry
+    from trainer_client.demos import mistake_pair, read_demos
+
+    mode = MODES["quick" if args.quick else "full"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    registry = default_registry()
+    demos = read_demos(args.demos)
+    demo_ids = {demo.task_id for demo in demos}
+    pairs = args.out / "pairs.jsonl"
+    with open(pairs, "w", encoding="utf-8") as handle:
+        for demo in demos:
+            pair = mistake_pair(registry.get(demo.task_id), demo)
+            if pair is not None:
+                handle.write(pair.model_dump_json() + "\n")
+    train_pool = [t for t in registry.ids("warmup", split="train") if t not in demo_ids]
+    tasks = {
+        "train": random.Random(0).sample(train_pool, mode["train_tasks"]),
+        "eval": random.Random(1).sample(registry.ids("warmup", split="held_out"), mode["eval_tasks"]),
+    }
+    steps = sorted({0, *range(mode["eval_every"], mode["steps"] + 1, mode["eval_every"])})
+    results_path = args.out / "results.json"
+    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks, "steps": steps})
+    results.setdefault("baseline", {})
+    results.setdefault("arms", {})
+
+    from trainer_client.client import ClientSettings
+    from trainer_client.environment import environment_factory
+    from trainer_client.policy import PolicySpec, load_policy
+
+    factory = environment_factory(ClientSettings(base_url=args.env_url, api_token=args.api_token))
+    for seed in mode["seeds"]:
+        if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
+            model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+            results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed))}
+            print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
+            results_path.write_text(json.dumps(results, indent=2))
+        for arm in args.arms:
+            if str(seed) in results["arms"].get(arm, {}):
+                continue  # resumable: a finished run is kept
+            print(f"{arm} seed {seed}", flush=True)
+            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs)
+            results_path.write_text(json.dumps(results, indent=2))
+
+    curves = aggregate(results, mode["seeds"], steps)
+    results["curves"] = curves
+    results_path.write_text(json.dumps(results, indent=2, default=str))
+    plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {mode['steps']} steps")
+    (args.out / "table.md").write_text(table(curves, steps) + "\n")
+    print(table(curves, steps))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
