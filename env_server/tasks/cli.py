@@ -55,6 +55,7 @@ def show_task(args: argparse.Namespace) -> int:
     shown = task.model_dump(exclude={"metadata"} if not args.with_metadata else set())
     if not args.with_hidden:
         shown["hidden_tests"] = sorted(task.hidden_tests)  # names only
+        shown["hidden_calls"] = [f"{call.module}.{call.function}" for call in task.hidden_calls]  # no values
     print(json.dumps(shown, indent=2))
     return 0
 
@@ -111,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     show = commands.add_parser("show", help="one task spec as JSON")
     show.add_argument("task_id")
-    show.add_argument("--with-hidden", action="store_true", help="include hidden test contents")
+    show.add_argument("--with-hidden", action="store_true", help="include hidden test contents and hidden calls' values")
     show.add_argument("--with-metadata", action="store_true", help="include metadata (reference solutions)")
     show.set_defaults(func=_clear_errors(show_task))
 

@@ -623,6 +623,12 @@ def _add_parameter(rng: random.Random, names: _TwoFiles) -> _Draft:
 _GENERATORS: dict[int, Callable[[random.Random], _Draft]] = {1: _level_one, 2: _level_two, 3: _level_three}
 _MAX_STEPS = {1: 10, 2: 15, 3: 20}
 """Tool calls per episode: level 1 needs about three (write, test, submit)."""
+_CALL_TIMEOUT_S = 15.0
+"""Per hidden call. The functions are instant, but a grading worker's start-up counts towards its
+first call, and on a loaded 2-core machine (load 25, a training run beside the grader) that alone
+passed the default 5 s and failed reference solutions. A looping submission costs at most
+5-8 calls x 15 s, within `_GRADE_TIMEOUT_S`."""
+_GRADE_TIMEOUT_S = 150.0
 
 
 def _draft(level: int, index: int, seed: int, seen: set[str]) -> _Draft:
@@ -657,7 +663,7 @@ def generate(seed: int = DEFAULT_SEED, sizes: Mapping[int, int] = LEVEL_SIZES) -
                     for check in draft.checks
                     for args, expected in check.cases
                 ],
-                limits=TaskLimits(max_steps=_MAX_STEPS[level]),
+                limits=TaskLimits(max_steps=_MAX_STEPS[level], call_timeout_s=_CALL_TIMEOUT_S, grade_timeout_s=_GRADE_TIMEOUT_S),
                 metadata={"level": level, "kind": draft.kind, "split": split_of(task_id), "seed": seed,
                           "solution": draft.solution},
             ))

@@ -158,3 +158,12 @@ def test_answers_that_only_look_right_score_zero(workspace: Sandbox, tasks: list
         prepare_workspace(workspace, task)
         workspace.write_file(path, source)
         assert grade(workspace, task).reward == 0.0, hack
+
+
+def test_cli_show_names_hidden_calls_without_their_values(capsys: pytest.CaptureFixture[str]) -> None:
+    task = default_registry().get("warmup/l1/0000")
+    assert main(["tasks", "show", task.id]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["hidden_calls"] == [f"{c.module}.{c.function}" for c in task.hidden_calls]
+    assert main(["tasks", "show", "--with-hidden", task.id]) == 0
+    assert json.loads(capsys.readouterr().out)["hidden_calls"][0]["expected"] == task.hidden_calls[0].expected
