@@ -244,11 +244,14 @@ def turn_reports(
                 if record.error_kind is not None and record.error_kind not in INFRASTRUCTURE_KINDS and record.hint:
                     failures.append(TurnFailure(record.error_kind, record.hint))
         content = turn.get("content")
-        if not calls and isinstance(content, str) and (not last or last_turn_ended):
-            if tool_call_marker in content:
+        if not calls and isinstance(content, str):
+            # A last turn cut by the length budget is blamed only when it had the whole budget (the first
+            # turn) and never opened a call; a cut call, or a late turn with little budget left, is not.
+            cut = last and not last_turn_ended
+            if tool_call_marker in content and not cut:
                 error = _json_error(content, tool_call_marker)
                 failures.append(TurnFailure(ErrorKind.JSON_DECODE, _trainer_hint(ErrorKind.JSON_DECODE, tool_names, error)))
-            elif not episode_over:
+            elif tool_call_marker not in content and not episode_over and (not cut or index == 0):
                 failures.append(TurnFailure(ErrorKind.NO_TOOL_CALL, _trainer_hint(ErrorKind.NO_TOOL_CALL, tool_names)))
         reports.append(TurnReport(calls=len(calls), failures=tuple(failures)))
     return reports if cursor == len(records) else None

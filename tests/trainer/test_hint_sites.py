@@ -57,10 +57,18 @@ def test_a_turn_without_a_call_is_blamed_only_before_the_episode_is_over() -> No
     assert kinds(turn_reports([], messages, TOOLS, episode_over=True, last_turn_ended=True)) == [[]]
 
 
-def test_a_turn_cut_by_the_length_budget_is_not_blamed() -> None:
+def test_a_call_cut_by_the_length_budget_is_not_blamed() -> None:
     cut = [assistant(content='<tool_call>\n{"name": "bash", "arguments": {"command": "ec')]
     assert kinds(turn_reports([], cut, TOOLS, episode_over=False, last_turn_ended=False)) == [[]]
     assert kinds(turn_reports([], cut, TOOLS, episode_over=False, last_turn_ended=True)) == [["json_decode"]]
+
+
+def test_prose_cut_by_the_length_budget_is_blamed_only_when_it_had_the_whole_budget() -> None:
+    first = [assistant(content="Let me think about this task step by step and")]
+    assert kinds(turn_reports([], first, TOOLS, episode_over=False, last_turn_ended=False)) == [["no_tool_call"]]
+    late = [assistant(("bash", {"command": "ls"})), tool(), assistant(content="Now I will")]
+    records = [ToolCallRecord("bash", None, None)]
+    assert kinds(turn_reports(records, late, TOOLS, episode_over=False, last_turn_ended=False)) == [[], []]
 
 
 def test_quoted_error_text_is_clamped() -> None:
