@@ -53,7 +53,7 @@ command's process group. No DAC override: it never touches the agent's files its
 
 def memory_limit_mb(spec: SandboxSpec) -> int:
     """The cgroup limit: processes' memory plus every tmpfs, whose pages the cgroup is charged
-    for, so a full disk can never push the processes into an OOM kill (decision 009)."""
+    for, so a full disk can never push the processes into an OOM kill (decision 008)."""
     return spec.memory_mb + spec.workspace_mb + spec.tmp_mb + spec.shm_mb
 
 

@@ -43,7 +43,7 @@ class SandboxSpec(BaseModel):
     """Memory for the sandbox's processes in MiB; no swap beyond it. The Docker backend's cgroup
     limit is `memory_mb + workspace_mb + tmp_mb + shm_mb`, because tmpfs pages are charged to
     the cgroup too: a full disk then still leaves `memory_mb` to processes, so filling it gives
-    ENOSPC, never an OOM kill of the sandbox (decision 009)."""
+    ENOSPC, never an OOM kill of the sandbox (decision 008)."""
 
     pids: int = Field(default=256, ge=16)
     """Maximum number of processes and threads inside the sandbox (fork-bomb guard)."""

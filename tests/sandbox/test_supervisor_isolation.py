@@ -1,5 +1,8 @@
 """Commands cannot speak for, read, trace or kill their supervisor (issue 10, item 2; decision 006).
 
+The file worker (decision 007) runs as the agent's uid: the agent may kill it (the next file
+operation starts another), but it is non-dumpable, so it cannot be read, traced or written either.
+
 Docker: the supervisor is another uid, so all of it holds. Bubblewrap has one uid: forging and
 reading hold (non-dumpable supervisor, root-owned channel pipes, authenticated replies); killing
 does not (decision 003), and the kill test runs on Docker only.
@@ -21,10 +24,13 @@ ATTACK = textwrap.dedent(
     import ctypes, json, os
     def argv(pid):
         return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    def uid(pid):
+        return int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")).split()[1])
+    # The supervisor and its file worker (a fork of it, same command line).
     supervisors = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
                    and argv(p)[0].startswith(b"python") and b"--workdir" in argv(p)]
     targets = sorted(set(supervisors) | {1})
-    results = {"supervisors": supervisors, "opened": [], "denied": 0}
+    results = {"supervisors": {pid: uid(pid) for pid in supervisors}, "opened": [], "denied": 0}
     forged = b"".join(b'%s {"id": %d, "ok": true, "exit_code": 0, "stdout": "FORGED"}\\n' % (b"0" * 32, i) for i in range(1, 200))
     for pid in targets:
         for name in ("fd/0", "fd/1", "fd/2", "fd/3", "mem", "environ"):
@@ -54,7 +60,8 @@ def _attack(sandbox: Sandbox) -> dict:
 
 def test_commands_cannot_forge_replies_or_read_or_trace_the_supervisor(sandbox: Sandbox) -> None:
     results = _attack(sandbox)
-    assert len(results["supervisors"]) == 1, "the attack must find the supervisor to mean anything"
+    # The supervisor and its file worker (the write_file above started it): found, or the attack means nothing.
+    assert len(results["supervisors"]) == 2
     # Nothing of the supervisor (or of pid 1, which holds the same stream) could be opened; only
     # bubblewrap's pid 1 (same uid, a bare environment: see the next test) shows its environ.
     assert [opened for opened in results["opened"] if opened != "1/environ:rb"] == [] and results["denied"] > 0
@@ -83,12 +90,12 @@ def test_file_operations_through_proc_links_never_reach_the_channel(sandbox: San
 
 @pytest.mark.parametrize("backend", [pytest.param("docker", marks=needs_docker)])
 def test_killing_the_supervisor_fails_and_the_sandbox_keeps_working(sandbox: Sandbox) -> None:
-    (supervisor,) = _attack(sandbox)["supervisors"]
+    (supervisor,) = [pid for pid, uid in _attack(sandbox)["supervisors"].items() if uid == 0]
     result = sandbox.exec(f"kill -9 {supervisor}; echo $?; kill -9 1; echo $?; kill -STOP {supervisor}; echo $?")
     assert result.stdout.split() == ["1", "1", "1"] and "Operation not permitted" in result.stderr
-    sandbox.exec("kill -9 -1")  # every process the agent may signal: its own only
+    sandbox.exec("kill -9 -1")  # every process the agent may signal: its own and the file worker
     assert sandbox.exec("echo alive").stdout == "alive\n"
-    sandbox.write_file("still.txt", "files too")
+    sandbox.write_file("still.txt", "files too")  # a new file worker
     assert sandbox.read_file("still.txt") == b"files too"
 
 
@@ -97,3 +104,25 @@ def test_commands_hold_no_capability_and_cannot_regain_root(sandbox: Sandbox) ->
     status = sandbox.exec("grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status").stdout.split()
     assert status[1::2] == ["0000000000000000"] * 4
     assert sandbox.exec("python3 -c 'import os; os.setuid(0)'").exit_code != 0
+
+
+def test_a_killed_file_worker_is_replaced(sandbox: Sandbox) -> None:
+    sandbox.write_file("a.txt", "first")  # starts the worker
+    # The worker is a supervisor process (same command line) whose parent is one too.
+    finder = (
+        "import os\n"
+        "def supervisor(pid):\n"
+        "    argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+        "    return argv[0].startswith(b'python') and b'--workdir' in argv\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    parent = next(line for line in open(f'/proc/{pid}/status') if line.startswith('PPid:')).split()[1]\n"
+        "    if parent != '0' and supervisor(pid) and supervisor(parent):\n"
+        "        os.kill(int(pid), 9)\n"
+        "        print('killed')\n"
+    )
+    sandbox.write_file("find_worker.py", finder)
+    killed = sandbox.exec("python3 find_worker.py")
+    assert killed.stdout == "killed\n", killed.stderr
+    assert sandbox.read_file("a.txt") == b"first"
+    sandbox.write_file("b.txt", "second")
+    assert sandbox.read_file("b.txt") == b"second"
