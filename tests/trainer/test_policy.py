@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from datasets import Dataset
 from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template, supports_tool_calling
 
+from tests.trainer.conftest import make_config
 from trainer_client.policy import load_policy, tiny_random_model
+from trainer_client.trainer import ComposerTrainer
 
 
 def test_a_checkpoint_saved_with_trls_training_template_gets_the_one_trl_parses(tmp_path, tokenizer: Any) -> None:
@@ -33,3 +37,15 @@ def test_a_chatml_checkpoint_without_tool_calling_gets_trls_qwen2_5_template(tmp
         tokenizer.chat_template = template
     _, loaded = load_policy(str(tmp_path))
     assert loaded.chat_template == qwen2_5_chat_template
+
+
+def test_a_plain_string_prompt_is_refused_with_a_clear_message(tmp_path, tokenizer: Any, base_model) -> None:
+    dataset = Dataset.from_list([{"prompt": "Fix the bug.", "task_id": "builtin/fizzbuzz"}] * 2)
+    with pytest.raises(ValueError, match="list of chat messages.*task_row"):
+        ComposerTrainer(
+            model=base_model,
+            args=make_config(tmp_path),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            environment_factory=lambda: None,  # never called: the rows are refused first
+        )
