@@ -2,10 +2,13 @@
 
     loss = grpo + sdpo_weight * sdpo + dpo_weight * dpo
 
-- GRPO is TRL's own loss, untouched: with both weights 0 no extra code runs.
-- SDPO (self-distillation at hint sites): for an assistant turn whose tool call failed with a hint,
-  the teacher (the policy without gradient, reading the hint just before the turn) is distilled into
-  the student (the policy on the original context) with a generalized JSD over that turn's tokens.
+- GRPO is TRL's own loss, untouched: with both weights 0 the loss is exactly TRL's (the rollouts'
+  failures are still read, for the per-step logs of `rollout_metrics`).
+- SDPO (self-distillation at hint sites): for an assistant turn the policy got wrong (a tool error
+  of its doing, or a failure TRL answers itself: an unparsable call, an unknown tool, a turn with no
+  call; decision 063), the teacher (the policy without gradient, reading the hint just before the
+  turn) is distilled into the student (the policy on the original context) with a generalized JSD
+  over that turn's tokens.
   The student's hidden states come from GRPO's own forward pass (a hook on the backbone); the
   vocabulary projection runs only at hint-site positions, for student and teacher alike.
 - DPO (trace replay): mini-batches of preference pairs, reference log-probs computed once at start.
