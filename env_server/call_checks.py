@@ -27,7 +27,7 @@ from env_server import typed_values
 from env_server.models import CallCheck, TaskSpec
 from sandbox.base import Sandbox
 
-CALLS_PER_PROCESS = 8
+CALLS_PER_PROCESS = 16
 """Calls run by one worker process before a fresh one takes over (state and patches carry no further)."""
 
 _HARNESS_FILES = ("call_harness.py", "typed_values.py")
@@ -72,9 +72,19 @@ def check_id(index: int, check: CallCheck) -> str:
     return f"call {index}: {check.function}({text})"
 
 
-def run_call_table(grader: Sandbox, task: TaskSpec, results_limit_bytes: int) -> str:
-    """Run the task's calls against the workspace already in `grader`; the harness's raw
-    results (JSON lines). The expected values do not leave the host."""
+class CallTableRun(BaseModel):
+    """What the harness left: its raw result lines and how its run ended."""
+
+    raw_results: str
+    """JSON lines, one per call that finished (parsed defensively by `judge_calls`)."""
+
+    ended: str
+    """`exit N` or `timeout` (the whole table's `grade_timeout_s`)."""
+
+
+def run_call_table(grader: Sandbox, task: TaskSpec, results_limit_bytes: int) -> CallTableRun:
+    """Run the task's calls against the workspace already in `grader`. The expected values do
+    not leave the host."""
     directory = f"/tmp/grade-{uuid.uuid4().hex}"
     calls = [
         {**check.model_dump(include={"module", "function", "args", "kwargs", "json_result"}), "report_args": check.expected_args is not None}
@@ -87,11 +97,13 @@ def run_call_table(grader: Sandbox, task: TaskSpec, results_limit_bytes: int) ->
         f"python3 -I -B {shlex.quote(directory)}/call_harness.py {shlex.quote(directory)} "
         f"{task.limits.call_timeout_s} {CALLS_PER_PROCESS}"
     )
-    grader.exec(command, timeout_s=task.limits.grade_timeout_s)
+    result = grader.exec(command, timeout_s=task.limits.grade_timeout_s)
+    ended = "timeout" if result.timed_out else f"exit {result.exit_code}"
     try:
-        return read_bounded(grader, f"{directory}/results.jsonl", results_limit_bytes).decode(errors="replace")
+        raw = read_bounded(grader, f"{directory}/results.jsonl", results_limit_bytes).decode(errors="replace")
     except FileNotFoundError:
-        return ""
+        raw = ""
+    return CallTableRun(raw_results=raw, ended=ended)
 
 
 def read_bounded(sandbox: Sandbox, path: str, limit_bytes: int) -> bytes:

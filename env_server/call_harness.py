@@ -9,7 +9,7 @@ The driver (this process) never imports the solution. It starts a worker process
 call must answer within `TIMEOUT_S` (import time counts towards the first call of a worker) or
 the worker's whole group is killed and the next call starts a fresh worker. A worker imports
 the solution with the workspace *appended* to `sys.path` (a workspace `json.py` shadows
-nothing), writes one JSON line per call to a private descriptor (its stdout and stderr go to
+nothing), says `ready`, then writes one JSON line per call to a private descriptor (its stdout and stderr go to
 /dev/null), and the driver appends the lines in order to `DIR/results.jsonl`.
 
 Nothing here is a security boundary: the solution runs in the worker and can forge any line.
@@ -32,6 +32,9 @@ MAX_RESULT_BYTES = 1 << 20
 
 MAX_TOTAL_BYTES = 16 << 20
 """Past this many bytes of results the remaining calls are not run."""
+
+STARTUP_TIMEOUT_S = 60.0
+"""How long a worker may take to start, before its first call's own time limit begins."""
 
 
 def _load_codec(directory):
@@ -57,6 +60,7 @@ def work(directory, first, count):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.path.append(os.getcwd())
+    os.write(out, b"ready\n")
     for offset, call in enumerate(calls):
         try:
             args = [codec.decode(value) for value in call["args"]]
@@ -105,12 +109,19 @@ def drive(directory, timeout_s, per_process):
             count = min(per_process, total - index)
             worker = _start_worker(directory, index, count)
             buffer = b""
-            deadline = time.monotonic() + timeout_s
+            # Starting an interpreter is not the solution's time (a loaded host can take seconds).
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            started = False
             end = index + count
             while index < end:
                 newline = buffer.find(b"\n")
                 if newline >= 0:
                     line, buffer = buffer[:newline], buffer[newline + 1 :]
+                    if not started:
+                        started = line == b"ready"
+                        deadline = time.monotonic() + timeout_s
+                        if started:
+                            continue
                     outcome = _parse(line, index)
                     data = json.dumps(outcome, separators=(",", ":")) + "\n"
                     results.write(data)

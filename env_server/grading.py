@@ -460,13 +460,14 @@ def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _V
 
 def _grade_calls(grader: Sandbox, task: TaskSpec, submission: Submission, config: GradingConfig) -> _Verdict:
     grader.put_archive(submission.tar(), ".")
-    raw = call_checks.run_call_table(grader, task, results_limit_bytes=config.max_workspace_bytes)
-    verdicts = call_checks.judge_calls(task, raw)
+    run = call_checks.run_call_table(grader, task, results_limit_bytes=config.max_workspace_bytes)
+    verdicts = call_checks.judge_calls(task, run.raw_results)
     failing = [verdict for verdict in verdicts if not verdict.passed]
+    lines = [f"{verdict.check_id}: {verdict.reason}" for verdict in failing]
     return _Verdict(
         passed=[verdict.check_id for verdict in verdicts if verdict.passed],
         failed=[verdict.check_id for verdict in failing],
-        output="\n".join(f"{verdict.check_id}: {verdict.reason}" for verdict in failing),
+        output="\n".join([*lines, f"[grader] the call harness ended: {run.ended}"] if failing else lines),
         flags=[],
     )
 

