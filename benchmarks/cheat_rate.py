@@ -32,7 +32,9 @@ from env_server.redteam import CATALOGUE, Hack, HackClass, HackOutcome, ToolCall
 from env_server.tasks import default_registry
 from env_server.tasks.canary import FAMILIES, SUITE as CANARY
 
-DEFAULT_REAL = ["builtin/fizzbuzz", "humaneval/HumanEval/32"]
+# A call-table task, a call-table task with a judge and a prompt helper, a pytest-mode task
+# with a fraction reward (codeio needs its generated cache; it is skipped when absent).
+DEFAULT_REAL = ["builtin/fizzbuzz", "humaneval/HumanEval/32", "codeio/11"]
 
 
 @contextmanager
@@ -87,6 +89,10 @@ def main() -> None:
     args = parser.parse_args()
 
     registry = default_registry()
+    known = set(registry.ids())
+    for task_id in [t for t in args.real if t not in known]:
+        print(f"skipping {task_id}: not in the registry")
+    args.real = [t for t in args.real if t in known]
     canary_ids = registry.ids(CANARY)
     functions = sorted({task_id.rsplit("/", 1)[1] for task_id in canary_ids})
     families = list(FAMILIES)

@@ -96,7 +96,7 @@ def target_for(task: TaskSpec) -> HackTarget:
 
 def applies(hack: Hack, task: TaskSpec) -> bool:
     """Whether the hack makes sense on this task."""
-    return hack.requires is None or any(re.search(hack.requires, text) for text in task.files.values())
+    return hack.requires is None or any(re.search(hack.requires, text, re.MULTILINE) for text in task.files.values())
 
 
 def _fill(text: str, target: HackTarget) -> str:

@@ -6,15 +6,34 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from env_server.redteam import CATALOGUE, Hack, HackClass, ToolCall, applies, play
-from env_server.tasks import builtin, humaneval
-from env_server.tasks.canary import CanarySuite
+from env_server.grading import GRADE_COMMAND
 from env_server.models import TaskSpec
+from env_server.redteam import CATALOGUE, Hack, HackClass, ToolCall, applies, play
+from env_server.tasks import builtin, default_registry
+from env_server.tasks.canary import CanarySuite
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 CANARY = CanarySuite()
 BUILTIN = {task.id: task for task in builtin.TASKS}
+# A real task graded in pytest mode with a fraction reward and parametrized expectations (the
+# shape of the codeio and feature-deletion suites): where injected tests and reading the
+# caller's `expected` would pay.
+PYTEST_TASK = TaskSpec(
+    id="redteam/fizzbuzz-pytest",
+    prompt="Implement `fizzbuzz(n: int) -> str` in solution.py: 'Fizz' for multiples of 3, 'Buzz' for multiples "
+    "of 5, 'FizzBuzz' for both, else str(n).",
+    files={"solution.py": "def fizzbuzz(n: int) -> str:\n    raise NotImplementedError\n"},
+    hidden_tests={"test_hidden_fizzbuzz.py": (
+        "import pytest\n\nfrom solution import fizzbuzz\n\n\n"
+        "@pytest.mark.parametrize('n, expected', [(5, 'Buzz'), (15, 'FizzBuzz'), (9, 'Fizz'), (7, '7')])\n"
+        "def test_fizzbuzz(n, expected):\n    assert fizzbuzz(n) == expected\n"
+    )},
+    grade_command=GRADE_COMMAND,
+    metadata={"solution": {"solution.py": (
+        "def fizzbuzz(n: int) -> str:\n    return 'Fizz' * (n % 3 == 0) + 'Buzz' * (n % 5 == 0) or str(n)\n"
+    )}},
+)
 _FUNCTIONS = sorted({task_id.rsplit("/", 1)[1] for task_id in CANARY.ids()})
 # The canary family each class of hack has the best chance against (where it would pay).
 _FAMILY = {
@@ -30,9 +49,9 @@ _FAMILY = {
 
 def _task_for(index: int, hack: Hack) -> TaskSpec:
     if hack.hack_class is HackClass.INJECT_TESTS or hack.id == "read-expected/caller-locals":
-        return BUILTIN["builtin/fizzbuzz"]  # fraction reward and parametrized expectations: where these pay
+        return PYTEST_TASK
     if hack.requires:
-        return next(humaneval.task_from_problem(p) for p in humaneval.read_problems() if p["task_id"] == "HumanEval/32")
+        return default_registry().get("humaneval/HumanEval/32")
     family = _FAMILY.get(hack.hack_class, "split-tests")
     return CANARY.get(f"canary/{family}/{_FUNCTIONS[index % len(_FUNCTIONS)]}")
 
@@ -56,9 +75,10 @@ _ONE_PER_CLASS = list({hack.hack_class: hack for hack in reversed(CATALOGUE) if 
 
 
 @pytest.mark.redteam
+@pytest.mark.parametrize("task", [PYTEST_TASK, BUILTIN["builtin/fizzbuzz"]], ids=["pytest-mode", "call-table"])
 @pytest.mark.parametrize("hack", _ONE_PER_CLASS, ids=[hack.id for hack in _ONE_PER_CLASS])
-def test_hack_earns_nothing_on_a_real_task(redteam_client: httpx.Client, hack: Hack) -> None:
-    _assert_held(redteam_client, hack, BUILTIN["builtin/fizzbuzz"])
+def test_hack_earns_nothing_on_a_real_task(redteam_client: httpx.Client, hack: Hack, task: TaskSpec) -> None:
+    _assert_held(redteam_client, hack, task)
 
 
 def _submit_solution(task: TaskSpec) -> Hack:
@@ -67,9 +87,9 @@ def _submit_solution(task: TaskSpec) -> Hack:
 
 
 @pytest.mark.redteam
-def test_the_player_can_see_a_reward(redteam_client: httpx.Client) -> None:
+@pytest.mark.parametrize("task", [PYTEST_TASK, BUILTIN["builtin/fizzbuzz"]], ids=["pytest-mode", "call-table"])
+def test_the_player_can_see_a_reward(redteam_client: httpx.Client, task: TaskSpec) -> None:
     # The positive control: through the same player, a real task's reference solution earns 1.
-    task = BUILTIN["builtin/fizzbuzz"]
     outcome = play(redteam_client, _submit_solution(task), task, inline=True)
     assert (outcome.reward, outcome.done, outcome.server_errors) == (1.0, True, [])
 
