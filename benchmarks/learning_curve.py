@@ -226,12 +226,15 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks (~15 min)")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    for name, value in MODES["full"].items():
+        kind = int if not isinstance(value, list) else None
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
     args = parser.parse_args()
 
     from env_server.tasks import default_registry
     from trainer_client.demos import mistake_pair, read_demos
 
-    mode = MODES["quick" if args.quick else "full"]
+    mode = {key: getattr(args, key) or value for key, value in MODES["quick" if args.quick else "full"].items()}
     args.out.mkdir(parents=True, exist_ok=True)
     registry = default_registry()
     demos = read_demos(args.demos)

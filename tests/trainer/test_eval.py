@@ -100,8 +100,9 @@ def test_an_expert_passes_and_a_silent_model_fails(service_url: str, tokenizer: 
     report = summarize(expert, k=2)
     assert report["pass@1"]["value"] == 1.0 and report["mean_reward"]["value"] == 1.0
     # Every turn called a tool; the mistyped command is a failure the policy caused, not a malformed call.
+    # (On a loaded machine a test run may also time out; that is the only other kind allowed.)
     assert report["valid_tool_call_rate"]["value"] == 1.0
-    assert report["error_kinds"] == {"command_not_found": 2}
+    assert report["error_kinds"]["command_not_found"] == 2 and set(report["error_kinds"]) <= {"command_not_found", "timeout"}
     assert all(e.submitted for e in expert) and {e.turns for e in expert} == {len(turns) - 1}  # stops at submit
 
     silent = tokenizer.encode("I think the code is fine.<|im_end|>", add_special_tokens=False)
