@@ -60,12 +60,20 @@ def mean_interval(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [mean - half, mean + half], "seeds": len(values)}
 
 
-def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int) -> dict[str, Any]:
+def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from trainer_client.evaluation import EvalSettings, Evaluator, summarize
 
     training = model.training
     model.eval()
-    settings = EvalSettings(n=n, temperature=0.7, max_new_tokens=512, max_completion_length=3072, concurrency=8, seed=seed)
+    settings = EvalSettings(
+        n=n,
+        temperature=0.7,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_completion_length=args.max_completion_length,
+        concurrency=8,
+        seed=seed,
+    )
     started = time.perf_counter()
     episodes = Evaluator(model, tokenizer, factory, settings).run(task_ids)
     model.train(training)
@@ -91,7 +99,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
     class EvaluateEvery(TrainerCallback):
         def on_step_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step % mode["eval_every"] == 0:
-                report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed)
+                report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args)
                 evals.append({"step": state.global_step, **_eval_point(report)})
                 print(f"  {arm} seed {seed} step {state.global_step}: {evals[-1]}", flush=True)
 
@@ -105,8 +113,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         max_steps=mode["steps"],
         per_device_train_batch_size=4,
         num_generations=2,
-        max_completion_length=2048,
-        max_tool_calling_iterations=8,
+        max_completion_length=args.max_completion_length,
+        max_tool_calling_iterations=args.max_turns - 1,
         learning_rate=1e-6,
         logging_steps=1,
         save_strategy="no",
@@ -226,6 +234,9 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks (~15 min)")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--max-completion-length", type=int, default=2048, help="tokens of a rollout / eval episode")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens of one assistant turn in evaluation")
+    parser.add_argument("--max-turns", type=int, default=8, help="assistant turns per rollout / eval episode")
     for name, value in MODES["full"].items():
         kind = int if not isinstance(value, list) else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
@@ -265,7 +276,7 @@ def main() -> int:
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
             model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
-            results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed))}
+            results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))}
             print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
             results_path.write_text(json.dumps(results, indent=2))
         for arm in args.arms:
