@@ -52,7 +52,7 @@ TAR_MEMBER_OVERHEAD = 1536  # header, padding and a long name's PAX record, coun
 # Prefixed to every command: make its processes, not the supervisor, the OOM killer's first
 # choice. A process may raise its own score without privilege; the supervisor (root on Docker,
 # without CAP_DAC_OVERRIDE) may not write the file of a process of another uid.
-OOM_PREFIX = "{ echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null; "
+OOM_PREFIX = "{ echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null || :; "  # `$?` is 0 for CMD, as without it
 
 # Fixed for every command: no pager or editor may wait for a terminal, no bytecode is written.
 COMMAND_ENV = {
