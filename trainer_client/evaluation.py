@@ -90,6 +90,8 @@ class Episode:
     open: bool = True
     pending: list[int] = field(default_factory=list)
     """The turn just generated, not yet acted on."""
+    cache: Any = None
+    """The model's KV cache of `context` (reused by the next turn)."""
     reward: float | None = None
     """The service's grade; None when grading failed for infrastructure reasons (left out of the figures)."""
     started: float = 0.0
@@ -166,7 +168,7 @@ class Evaluator:
                         self._finish(episode)
                         episode.seconds = time.perf_counter() - episode.started
                         idle.append(episode.environment)
-                        episode.environment = None
+                        episode.environment = episode.cache = None
                         finished.append(episode)
                         self._progress(1)
             finally:
@@ -187,29 +189,32 @@ class Evaluator:
         )
 
     def _generate_turns(self, episodes: list[Episode]) -> None:
-        """One assistant turn for every open episode, in one batched `generate`."""
+        """One assistant turn for every open episode.
+
+        Each episode keeps its KV cache across turns, so a turn computes only the tokens added since
+        the last one (the tool suffix and the new turn) instead of re-reading a prompt of a thousand
+        tokens and more every turn; episodes are generated one after another (a batch would need
+        caches of equal length)."""
         import torch
 
         tokenizer, settings = self._tokenizer, self._settings
-        budgets = [settings.max_completion_length - e.completion_tokens for e in episodes]
-        width = max(len(e.context) for e in episodes)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(e.context)) + e.context for e in episodes])
-        attention = torch.tensor([[0] * (width - len(e.context)) + [1] * len(e.context) for e in episodes])
         sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {"do_sample": False}
-        with torch.no_grad():
-            output = self._model.generate(
-                input_ids=input_ids.to(self._model.device),
-                attention_mask=attention.to(self._model.device),
-                max_new_tokens=max(1, min(settings.max_new_tokens, max(budgets))),
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=pad,
-                **sampling,
-            )
-        for episode, row, budget in zip(episodes, output[:, width:].tolist(), budgets, strict=True):
-            # Generation stops at EOS; what follows in the row is padding for the longer rows.
-            turn = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
-            episode.pending = turn[: max(budget, 0)]
+        for episode in episodes:
+            budget = settings.max_completion_length - episode.completion_tokens
+            ids = torch.tensor([episode.context], device=self._model.device)
+            with torch.no_grad():
+                output = self._model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    past_key_values=episode.cache,
+                    max_new_tokens=max(1, min(settings.max_new_tokens, budget)),
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                    return_dict_in_generate=True,
+                    **sampling,
+                )
+            episode.cache = output.past_key_values
+            episode.pending = output.sequences[0, len(episode.context) :].tolist()[: max(budget, 0)]
 
     def _act(self, episode: Episode) -> None:
         """Parse the pending turn, run its calls as TRL would, and extend the context."""

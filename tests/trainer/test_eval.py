@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -63,16 +64,14 @@ class _ScriptedModel:
         self.device = torch.device("cpu")
         self._header = tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
         self._turns = turns
-        self._pad = tokenizer.pad_token_id
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, **_: Any) -> torch.Tensor:
-        rows = []
-        for ids in input_ids.tolist():
-            opened = sum(ids[i : i + len(self._header)] == self._header for i in range(len(ids)))
-            rows.append(self._turns[min(opened - 1, len(self._turns) - 1)][:max_new_tokens])
-        width = max(len(row) for row in rows)
-        new = torch.tensor([row + [self._pad] * (width - len(row)) for row in rows])
-        return torch.cat([input_ids, new], dim=1)
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, past_key_values: Any = None, **_: Any) -> Any:
+        ids = input_ids[0].tolist()
+        # The evaluator hands back the cache of the episode's previous turn: here, the context it covered.
+        assert past_key_values is None or ids[: len(past_key_values)] == past_key_values
+        opened = sum(ids[i : i + len(self._header)] == self._header for i in range(len(ids)))
+        turn = self._turns[min(opened - 1, len(self._turns) - 1)][:max_new_tokens]
+        return SimpleNamespace(sequences=torch.tensor([ids + turn]), past_key_values=ids + turn)
 
 
 def _builtin(task_id: str) -> Any:
