@@ -257,4 +257,7 @@ def submit(ws: Workspace) -> ToolOutcome:
         "grading_ms": result.grading_ms,
         "monitor_flags": list(result.monitor_flags),
     }
-    return ToolOutcome(summary, done=True, reward=result.reward, metadata=metadata)
+    if result.error_kind is not None:  # the workspace could not be graded: the agent's doing, reward 0
+        summary = f"Submitted, but grading failed: {result.error}. Reward {result.reward:.3f}."
+        metadata.update(aborted=False, reason=result.error)
+    return ToolOutcome(summary, error_kind=result.error_kind, done=True, reward=result.reward, metadata=metadata)

@@ -54,7 +54,9 @@ def test_third_identical_failure_is_repeated_failure(session: HttpSession) -> No
 
 
 def test_out_of_memory(make_service: Callable[..., str]) -> None:
-    url = make_service(sandbox={"memory_mb": 64}, pool_size=1)
+    # The container's limit is memory_mb plus the tmpfs sizes (decision 008): small tmpfs, so
+    # 400 MB exceeds it by far.
+    url = make_service(sandbox={"memory_mb": 64, "workspace_mb": 16, "tmp_mb": 16, "shm_mb": 16}, pool_size=1)
     with httpx.Client(base_url=url, timeout=120) as client:
         session = HttpSession(client)
         session.reset(task_id="builtin/fizzbuzz")
