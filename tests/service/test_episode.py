@@ -69,7 +69,7 @@ def test_step_limit_grades_automatically(session: HttpSession) -> None:
     assert session.reset(task=task.model_dump())["observation"]["max_steps"] == 2
     assert session.step("write_file", {"path": "solution.py", "content": SOLUTION})["done"] is False
     last = session.step("bash", {"command": "true"})
-    assert last["done"] is True and last["reward"] == 1.0
+    assert last["done"] is True and last["reward"] == 1.0, last
     assert last["metadata"]["step_limit_reached"] is True
 
 
