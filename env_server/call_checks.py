@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from env_server import typed_values
 from env_server.models import CallCheck, TaskSpec
-from sandbox.base import Sandbox
+from sandbox.base import FileTooLarge, Sandbox
 
 CALLS_PER_PROCESS = 16
 """Calls run by one worker process before a fresh one takes over (state and patches carry no further)."""
@@ -100,23 +100,10 @@ def run_call_table(grader: Sandbox, task: TaskSpec, results_limit_bytes: int) ->
     result = grader.exec(command, timeout_s=task.limits.grade_timeout_s)
     ended = "timeout" if result.timed_out else f"exit {result.exit_code}"
     try:
-        raw = read_bounded(grader, f"{directory}/results.jsonl", results_limit_bytes).decode(errors="replace")
-    except FileNotFoundError:
+        raw = grader.read_file(f"{directory}/results.jsonl", max_bytes=results_limit_bytes).decode(errors="replace")
+    except (OSError, FileTooLarge):  # no results, or more than the harness ever writes: none count
         raw = ""
     return CallTableRun(raw_results=raw, ended=ended)
-
-
-def read_bounded(sandbox: Sandbox, path: str, limit_bytes: int) -> bytes:
-    """A file's bytes, refusing (ValueError) one larger than `limit_bytes` before reading it."""
-    size = sandbox.exec(f"stat -c %s -- {shlex.quote(path)}", timeout_s=10)
-    if size.exit_code != 0:
-        raise FileNotFoundError(path)
-    if not size.stdout.strip().isdigit() or int(size.stdout) > limit_bytes:
-        raise ValueError(f"{path} is larger than {limit_bytes} bytes")
-    data = sandbox.read_file(path)
-    if len(data) > limit_bytes:  # grew after the size check
-        raise ValueError(f"{path} is larger than {limit_bytes} bytes")
-    return data
 
 
 def _outcomes(raw: str, total: int) -> dict[int, dict[str, Any]]:

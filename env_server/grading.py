@@ -11,7 +11,8 @@ Two modes (docs/decisions/042-call-table-grading.md, 043-pytest-mode-hardening.m
   are compared on the host (`env_server.call_checks`). The solution cannot reach the verdict.
 - pytest (`TaskSpec.hidden_tests`): the tests run in the process that imports the solution,
   so what cannot be closed there is detected and penalised: only test ids found in the hidden
-  files count (an injected test is ignored and flagged, a missing one fails), the run is
+  files count (an injected test is ignored and flagged, a missing one fails), a canary test
+  that must fail is added under a random name (reported passed: the runner was patched), the run is
   wrapped by a subreaper guard (`env_server/pytest_guard.py`) whose exit status says whether
   any process outlived it, and the report is read when no process of the run is left.
 
@@ -41,7 +42,7 @@ from env_server import call_checks
 from env_server.models import ErrorKind, TaskSpec, workspace_path
 from env_server.monitor import GRADER_TAMPER, TEST_CONFIG_EDIT
 from env_server.pytest_guard import NO_SUBREAPER_STATUS, ORPHANS_STATUS
-from sandbox.base import Sandbox, SandboxError
+from sandbox.base import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
 # a deleted function's compiled body, VCS data its history, package metadata a plugin entry point.
@@ -64,12 +65,17 @@ _TAMPER = re.compile(
     r"\b_pytest\b|\bpytest_(?:runtest|collection|report|sessionfinish|configure|terminal|generate)\w*"
     r"|\bjunit\w*|report\.xml|\bsys\.modules\s*\[\s*['\"]_?pytest|\bos\._exit\b|\bpytest\.(?:skip|xfail|exit)\b"
     r"|\bPR_SET_CHILD_SUBREAPER\b|/proc/\d*\w*/(?:mem|fd)\b|\bptrace\b|\bgc\.get_(?:objects|referrers)\b"
+    # Reading the calling test's frame (its `expected` local) from the solution.
+    r"|\bf_back\b|\bf_locals\b|\b_getframe\b|\binspect\.(?:stack|currentframe|getouterframes)\b"
 )
 # Grader internals a report or traceback may name; scrubbed from what the policy can see.
 _GRADER_PATHS = re.compile(r"/tmp/grade-[0-9a-f]{32}[^\s'\"]*")
 
 STRAY_PROCESS = "grading_stray_process"
 """Flag: a process of the test run outlived it (or the guard did not report); the report is not trusted."""
+
+MAX_REPORT_BYTES = 32 * 1024 * 1024
+"""A junit report larger than this is not read (the run counts as reporting nothing)."""
 
 UNKNOWN_TEST = "grading_unknown_test"
 """Flag: the report holds a test the hidden test files do not define (injected); it is ignored."""
@@ -394,6 +400,16 @@ class HiddenTestRun(BaseModel):
     output: str
     stray_processes: bool
     """A process outlived the tests (or the guard did not report): the report is not trusted."""
+    canary_passed: bool = False
+    """A canary test that must fail was reported passed: the runner or its report was tampered with."""
+
+
+def _canary(module_text: str) -> tuple[str, str]:
+    """A test that must fail, under a fresh random name, appended to a hidden test module: a
+    patched runner that reports every test passed reports it passed too. (name, new text)"""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    left, right = uuid.uuid4().int % 9000 + 1000, uuid.uuid4().int % 9000 + 1000
+    return name, f"{module_text}\n\n\ndef {name}():\n    assert {left} * {right} == {left * right + 1}\n"
 
 
 def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> HiddenTestRun:
@@ -403,6 +419,10 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     same command that runs pytest, so no file the agent wrote can stand in for it; it is read
     only after the guard has killed every process the run left behind.
     """
+    canaries = set()
+    for path in task.hidden_tests:
+        name, submission.files[path] = _canary(submission.files[path].decode())
+        canaries.add(f"{PurePosixPath(path).with_suffix('').as_posix()}::{name}")
     grader.put_archive(submission.tar(), ".")
     grader_dir = f"/tmp/grade-{uuid.uuid4().hex}"
     grader.write_file(f"{grader_dir}/pytest_guard.py", (resources.files("env_server") / "pytest_guard.py").read_bytes())
@@ -423,12 +443,17 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
         )
         return HiddenTestRun(passed=[], failed=[], output=f"{output}\n[grader] {reason}", stray_processes=not result.timed_out)
     try:
-        report = grader.read_file(f"{grader_dir}/report/report.xml").decode(errors="replace")
+        report = grader.read_file(f"{grader_dir}/report/report.xml", max_bytes=MAX_REPORT_BYTES).decode(errors="replace")
         passed, failed = parse_junit(report)
-    except (FileNotFoundError, ElementTree.ParseError):
+    except (OSError, FileTooLarge, ElementTree.ParseError):
         passed, failed = [], []
         output += f"\n[grader] no test report (exit {result.exit_code})"
-    return HiddenTestRun(passed=passed, failed=failed, output=output, stray_processes=False)
+    for canary in canaries:
+        output = output.replace(canary.rpartition("::")[2], "<grader canary>")
+    canary_passed = any(_known_id(test, canaries) for test in passed)
+    passed = [test for test in passed if not _known_id(test, canaries)]
+    failed = [test for test in failed if not _known_id(test, canaries)]
+    return HiddenTestRun(passed=passed, failed=failed, output=output, stray_processes=False, canary_passed=canary_passed)
 
 
 class _Verdict(BaseModel):
@@ -441,6 +466,8 @@ class _Verdict(BaseModel):
 def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _Verdict:
     run = run_hidden_tests(grader, task, submission)
     flags = [STRAY_PROCESS] if run.stray_processes else []
+    if run.canary_passed:
+        flags.append(GRADER_TAMPER)
     # A task may name the tests that count (feature deletion: those its deletion broke);
     # otherwise every test its hidden files define. Each must pass; one that never reported
     # (deselected, crashed collection, a report cut short) counts as failed.
@@ -474,15 +501,11 @@ def _grade_calls(grader: Sandbox, task: TaskSpec, submission: Submission, config
 
 def _workspace_archive(sandbox: Sandbox, limit_bytes: int) -> bytes:
     """The workspace as a tar, refused (GradingError) when its files add up to more than
-    `limit_bytes` (apparent sizes, so a sparse file counts at its full length)."""
-    size = sandbox.exec("du -s -B1 --apparent-size . 2>/dev/null | cut -f1", timeout_s=30)
-    measured = size.stdout.strip()
-    if measured.isdigit() and int(measured) > limit_bytes:
-        raise GradingError(f"the workspace holds more than {limit_bytes} bytes")
-    archive = sandbox.get_archive(".")
-    if len(archive) > limit_bytes + 1024 * 1024:  # grew after the measurement
-        raise GradingError(f"the workspace holds more than {limit_bytes} bytes")
-    return archive
+    `limit_bytes`: the sandbox checks the sizes before it reads anything."""
+    try:
+        return sandbox.get_archive(".", max_bytes=limit_bytes)
+    except ArchiveTooLarge:
+        raise GradingError(f"the workspace holds more than {limit_bytes} bytes") from None
 
 
 def grade(

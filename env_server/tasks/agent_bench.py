@@ -6,7 +6,10 @@ answer is checked either against the output of the task's reference command or b
 check command on the final state. The agent writes its answer to `answer.txt`.
 
 The expected answer is never stored in the sandbox: the hidden test replays the set-up
-in a scratch home inside the grading sandbox and runs the reference command there.
+in a scratch home inside the grading sandbox and runs the reference command there. A task
+checked by a command on the final state (os-32) also requires every path the set-up made to
+still exist, so deleting the target does not pass the check vacuously
+(`coding-env tasks validate` grades an emptied workspace to catch such checks).
 """
 
 from __future__ import annotations
@@ -77,6 +80,15 @@ def same(kind, answer, expected):
 
 def test_task():
     if SPEC["check_command"] is not None:
+        # A check of the final state can pass vacuously once its target is gone ("no file under
+        # ~/videos has the wrong mode"): every path the set-up made must still be there, as the
+        # same kind (file or directory), before the check counts.
+        if SPEC["setup"]:
+            with tempfile.TemporaryDirectory() as home:
+                run(SPEC["setup"], home)
+                made = {{str(path.relative_to(home)): path.is_dir() for path in pathlib.Path(home).rglob("*")}}
+            gone = [path for path, is_dir in made.items() if pathlib.Path(path).is_dir() != is_dir or not os.path.lexists(path)]
+            assert not gone, "paths the task works on are gone: " + ", ".join(sorted(gone)[:5])
         result = run(SPEC["check_command"], os.getcwd())
         assert result.returncode == 0, result.stdout + result.stderr
         return

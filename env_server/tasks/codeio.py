@@ -2,8 +2,10 @@
 
 Each record has a description, an input/output spec, a reference program and an input
 generator. On the host, at generation time, the generator makes inputs and the reference
-computes the outputs (in a child interpreter per program, under a timeout); only those
-input/output pairs enter the hidden test, never the reference itself. Programs that import
+computes the outputs (in a child interpreter per program, under a timeout). The hidden cases are
+a call table (`TaskSpec.hidden_calls`): only their inputs enter the grading sandbox; the
+outputs (JSON data, compared after a JSON round trip of the result, floats within 1e-6
+relative) stay on the host. The visible example stays a pytest file. Programs that import
 anything outside the standard library (the sandbox has no numpy), time out, fail, give
 non-JSON outputs or differ between two runs are skipped.
 
@@ -29,12 +31,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from env_server.grading import GRADE_COMMAND
-from env_server.models import TaskSpec
+from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
 
 SUITE = "codeio"
-HIDDEN_TEST_PATH = "test_codeio_hidden.py"
 VISIBLE_TEST_PATH = "test_example.py"
 DEFAULT_TASKS = 300
 CASES_PER_TASK = 6
@@ -191,8 +191,10 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
         ),
         files={"solution.py": stub},
         visible_tests={VISIBLE_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[:1]))},
-        grade_command=GRADE_COMMAND,
-        hidden_tests={HIDDEN_TEST_PATH: _CASES_TEST.format(cases=json.dumps(cached.cases[1:]))},
+        hidden_calls=[
+            CallCheck.build("solution", "main_solution", kwargs=inputs, expected=output, json_result=True, rel_tol=1e-6, abs_tol=1e-9)
+            for inputs, output in cached.cases[1:]
+        ],
         metadata={"source": "reasoning-gym 0.1.25 codeio (Apache-2.0)", "record_index": cached.index,
                   "difficulty": record.get("difficulty"), "solution": {"solution.py": record["code_sample"]}},
     )

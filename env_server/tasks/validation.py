@@ -1,8 +1,10 @@
 """Checking that a task can be solved and is not solved already, through the real grader.
 
 A task is valid when its reference solution (`metadata["solution"]` files, or a
-`metadata["solution_command"]` run in the workspace) scores 1.0 and the untouched workspace
-scores less.
+`metadata["solution_command"]` run in the workspace) scores 1.0, and two non-solutions score 0:
+the untouched workspace (doing nothing) and an emptied one (deleting everything, which
+catches checks that pass vacuously, e.g. "no file in the directory is wrong" when the
+directory is gone).
 """
 
 from __future__ import annotations
@@ -46,14 +48,18 @@ def validate(registry: TaskRegistry, ids: Iterable[str], backend: Backend = "doc
                 sandbox.exec(_CLEAR_WORKSPACE)
                 prepare_workspace(sandbox, task)
                 untouched = grade(sandbox, task).reward
+                sandbox.exec(_CLEAR_WORKSPACE)
+                emptied = grade(sandbox, task).reward
+                prepare_workspace(sandbox, task)
                 if not solve(sandbox, task.metadata):
-                    yield ValidationOutcome(task_id=task_id, ok=untouched < 1.0, detail=f"untouched={untouched:.2f}, no reference")
+                    ok = untouched == emptied == 0.0
+                    yield ValidationOutcome(task_id=task_id, ok=ok, detail=f"untouched={untouched:.2f} emptied={emptied:.2f}, no reference")
                     continue
                 solved = grade(sandbox, task)
             except Exception as error:  # one broken task must not stop the sweep
                 yield ValidationOutcome(task_id=task_id, ok=False, detail=f"{type(error).__name__}: {error}")
                 continue
-            detail = f"untouched={untouched:.2f} reference={solved.reward:.2f}"
+            detail = f"untouched={untouched:.2f} emptied={emptied:.2f} reference={solved.reward:.2f}"
             if solved.failing_tests:
                 detail += f" failing={solved.failing_tests[:3]}"
-            yield ValidationOutcome(task_id=task_id, ok=solved.reward == 1.0 and untouched < 1.0, detail=detail)
+            yield ValidationOutcome(task_id=task_id, ok=solved.reward == 1.0 and untouched == emptied == 0.0, detail=detail)

@@ -66,7 +66,9 @@ def test_codeio_reads_its_cache_and_never_ships_the_reference(tmp_path: Path) ->
     shipped = "".join(task.files.values()) + "".join(task.visible_tests.values())
     reference_body = records[index]["code_sample"].split("def main_solution", 1)[1].split(":", 1)[1]
     assert reference_body.strip()[:40] not in shipped
-    assert '{"x": 2}' in task.hidden_tests["test_codeio_hidden.py"] and '{"x": 2}' not in shipped
+    (check,) = task.hidden_calls
+    assert (check.function, check.kwargs, check.expected) == ("main_solution", {"x": ["int", 2]}, ["int", 3])
+    assert '"x": 2' not in shipped and not task.hidden_tests
 
 
 def test_cli_lists_at_least_500_tasks_offline(capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,7 +82,7 @@ def test_cli_lists_at_least_500_tasks_offline(capsys: pytest.CaptureFixture[str]
 def test_cli_show_hides_hidden_tests_and_rejects_unknown_ids(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["tasks", "--cache-dir", str(tmp_path), "show", "builtin/fizzbuzz"]) == 0
     shown = capsys.readouterr().out
-    assert '"test_hidden_fizzbuzz.py"' in shown and "parametrize" not in shown and '"metadata"' not in shown
+    assert '"solution.fizzbuzz"' in shown and '"str"' not in shown and '"metadata"' not in shown  # no encoded values
     assert main(["tasks", "--cache-dir", str(tmp_path), "show", "builtin/nope"]) == 2
     assert "unknown task 'builtin/nope'" in capsys.readouterr().err
 
