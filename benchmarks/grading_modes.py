@@ -2,12 +2,17 @@
 
     python benchmarks/grading_modes.py
 """
-import statistics, time
-from sandbox import SandboxSpec, open_sandbox
+
+from __future__ import annotations
+
+import statistics
+import time
+
 from env_server.grading import GRADE_COMMAND, grade, prepare_workspace
 from env_server.models import TaskSpec
 from env_server.tasks.builtin import TASKS
-from env_server.tasks.humaneval import HumanEvalSuite
+from env_server.tasks.humaneval import HumanEvalSuite, read_problems
+from sandbox import SandboxSpec, open_sandbox
 
 FIZZ_PYTEST = TaskSpec(
     id="bench/fizzbuzz-pytest", prompt="p", files=TASKS[0].files,
@@ -17,31 +22,40 @@ FIZZ_PYTEST = TaskSpec(
         "def test_fizzbuzz(n, expected):\n    assert fizzbuzz(n) == expected\n")},
     grade_command=GRADE_COMMAND, metadata=TASKS[0].metadata)
 he = HumanEvalSuite()
-def he_pytest(task_id):
-    from env_server.tasks.humaneval import read_problems
+
+
+def he_pytest(task_id: str) -> TaskSpec:
+    """The task graded the old way: its `check` in a pytest module that star-imports the solution."""
     p = next(p for p in read_problems() if f"humaneval/{p['task_id']}" == task_id)
     test = (f"from solution import *  # noqa: F403\nimport solution as _submission\n\n{p['test']}\n\n\n"
             f"def test_check():\n    check(_submission.{p['entry_point']})\n")
     t = he.get(task_id)
     return TaskSpec(id=task_id + "-pytest", prompt="p", files=t.files, hidden_tests={"test_humaneval_hidden.py": test},
                     grade_command=GRADE_COMMAND, reward_mode="binary", metadata=t.metadata)
-pairs = [("builtin/fizzbuzz", TASKS[0], FIZZ_PYTEST)] + [(i, he.get(i), he_pytest(i)) for i in ("humaneval/HumanEval/0", "humaneval/HumanEval/53", "humaneval/HumanEval/100")]
-spec = SandboxSpec()
-base = []
-for _ in range(3):
-    t = time.perf_counter(); open_sandbox(spec).close(); base.append((time.perf_counter() - t) * 1000)
-print(f"cold open+close p50 {statistics.median(base):.0f} ms")
-calls, pyt = [], []
-with open_sandbox(spec) as agent:
-    for name, call_task, py_task in pairs:
-        for _ in range(2):
-            for task, out in ((call_task, calls), (py_task, pyt)):
-                agent.exec("find . /tmp -mindepth 1 -delete")
-                prepare_workspace(agent, task)
-                for path, text in task.metadata["solution"].items():
-                    agent.write_file(path, text)
-                r = grade(agent, task)
-                assert r.reward == 1.0, (task.id, r.output[-500:])
-                out.append(r.grading_ms)
-        print(name, f"{len(call_task.hidden_calls)} calls")
-print(f"call table p50 {statistics.median(calls):.0f} ms (n={len(calls)}), pytest mode p50 {statistics.median(pyt):.0f} ms (n={len(pyt)}), base p50 {statistics.median(base):.0f}")
+
+
+def main() -> None:
+    pairs = [("builtin/fizzbuzz", TASKS[0], FIZZ_PYTEST)] + [(i, he.get(i), he_pytest(i)) for i in ("humaneval/HumanEval/0", "humaneval/HumanEval/53", "humaneval/HumanEval/100")]
+    spec = SandboxSpec()
+    base = []
+    for _ in range(3):
+        t = time.perf_counter(); open_sandbox(spec).close(); base.append((time.perf_counter() - t) * 1000)
+    print(f"cold open+close p50 {statistics.median(base):.0f} ms")
+    calls, pyt = [], []
+    with open_sandbox(spec) as agent:
+        for name, call_task, py_task in pairs:
+            for _ in range(2):
+                for task, out in ((call_task, calls), (py_task, pyt)):
+                    agent.exec("find . /tmp -mindepth 1 -delete")
+                    prepare_workspace(agent, task)
+                    for path, text in task.metadata["solution"].items():
+                        agent.write_file(path, text)
+                    r = grade(agent, task)
+                    assert r.reward == 1.0, (task.id, r.output[-500:])
+                    out.append(r.grading_ms)
+            print(name, f"{len(call_task.hidden_calls)} calls")
+    print(f"call table p50 {statistics.median(calls):.0f} ms (n={len(calls)}), pytest mode p50 {statistics.median(pyt):.0f} ms (n={len(pyt)}), base p50 {statistics.median(base):.0f}")
+
+
+if __name__ == "__main__":
+    main()
