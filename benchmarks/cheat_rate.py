@@ -15,11 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +26,7 @@ import httpx
 from env_server.redteam import CATALOGUE, Hack, HackClass, HackOutcome, ToolCall, applies, play
 from env_server.tasks import default_registry
 from env_server.tasks.canary import FAMILIES, SUITE as CANARY
+from service_latency import start_service
 
 # A call-table task, a call-table task with a judge and a prompt helper, a pytest-mode task
 # with a fraction reward (codeio needs its generated cache; it is skipped when absent).
@@ -40,23 +36,9 @@ DEFAULT_REAL = ["builtin/fizzbuzz", "humaneval/HumanEval/32", "codeio/11"]
 @contextmanager
 def service() -> Iterator[str]:
     """`coding-env serve` on a free loopback port; yields its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "CODING_ENV_POOL_SIZE": "2", "CODING_ENV_GRADING_POOL_SIZE": "2", "CODING_ENV_LOG_LEVEL": "info"}
-    process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("coding-env")), "serve", "--port", str(port)],
-        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )
-    assert process.stderr is not None
-    for line in process.stderr:
-        if "Application startup complete" in line:
-            break
-    else:
-        raise SystemExit(f"service exited with {process.wait()}")
-    threading.Thread(target=process.stderr.read, daemon=True).start()  # keep draining the pipe
+    process, address = start_service(pool_size=2, CODING_ENV_GRADING_POOL_SIZE="2")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{address}"
     finally:
         process.terminate()
         process.wait(60)

@@ -43,15 +43,21 @@ def report(name: str, samples_ms: list[float]) -> float:
     return p50
 
 
-def start_service(pool_size: int, max_sessions: int) -> tuple[subprocess.Popen[str], str]:
+def start_service(pool_size: int, max_sessions: int | None = None, **settings: str) -> tuple[subprocess.Popen[str], str]:
+    """`coding-env serve` on a free loopback port, once it is ready; returns it and its address.
+
+    `settings` are further `CODING_ENV_*` variables (e.g. `CODING_ENV_GRADING_POOL_SIZE="2"`)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "CODING_ENV_POOL_SIZE": str(pool_size), "CODING_ENV_MAX_SESSIONS": str(max_sessions), "CODING_ENV_LOG_LEVEL": "info"}
+    env = {**os.environ, "CODING_ENV_POOL_SIZE": str(pool_size), "CODING_ENV_LOG_LEVEL": "info", **settings}
+    if max_sessions is not None:
+        env["CODING_ENV_MAX_SESSIONS"] = str(max_sessions)
     process = subprocess.Popen(
         [str(Path(sys.executable).with_name("coding-env")), "serve", "--port", str(port)],
         env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )
+    assert process.stderr is not None
     for line in process.stderr:
         if "Application startup complete" in line:
             break
