@@ -400,11 +400,12 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         def land(answer: Future[str | None]) -> None:
             if not answer.cancelled() and answer.exception() is None and answer.result():
                 step.observation.hint = answer.result()
+            # Logged under the lock: `trajectory()` reads `late_hints` under it too, so once it
+            # sees none pending, the episode's log line is already written.
             with episode.lock:
                 episode.late_hints.remove(landed)
-                settled = episode.done and not episode.late_hints
-            if settled:
-                self._log(episode)
+                if episode.done and not episode.late_hints:
+                    self._log(episode)
             landed.set_result(None)
 
         episode.late_hints.append(landed)
@@ -422,9 +423,8 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         self._retire(episode.sandbox)
         with episode.lock:
             episode.done = True
-            settled = not episode.late_hints
-        if settled:
-            self._log(episode)
+            if not episode.late_hints:
+                self._log(episode)
 
     def _log(self, episode: _Episode) -> None:
         if self._episode_log is not None:
