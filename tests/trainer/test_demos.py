@@ -8,6 +8,7 @@ with the loss mask equal to TRL's `tool_mask`.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def test_demo_is_exactly_a_trl_rollout_of_the_episode(service_url: str, tokenize
     _ScriptedTrainer.turns = [ids[start + prompt_length : end + prompt_length] for start, end in assistant_turn_spans(mask[prompt_length:])]
     config = make_config(tmp_path, max_completion_length=4096, max_tool_calling_iterations=40, logging_steps=1)
     trainer = _ScriptedTrainer(
-        model=base_model,
+        model=copy.deepcopy(base_model),  # TRL patches `forward` on the instance it trains; keep the fixture clean
         args=config,
         train_dataset=Dataset.from_list([task_row("builtin/fizzbuzz")] * 2),
         processing_class=tokenizer,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -43,7 +44,7 @@ def test_a_plain_string_prompt_is_refused_with_a_clear_message(tmp_path, tokeniz
     dataset = Dataset.from_list([{"prompt": "Fix the bug.", "task_id": "builtin/fizzbuzz"}] * 2)
     with pytest.raises(ValueError, match="list of chat messages.*task_row"):
         ComposerTrainer(
-            model=base_model,
+            model=copy.deepcopy(base_model),  # TRL patches `forward` on the instance it trains; keep the fixture clean
             args=make_config(tmp_path),
             train_dataset=dataset,
             processing_class=tokenizer,
