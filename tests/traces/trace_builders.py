@@ -66,7 +66,7 @@ def make_config(base_url: str, models: list[str], cache_dir: Path, **overrides: 
         "cache_dir": cache_dir,
         "backoff_s": 0.001,
         "backoff_max_s": 0.01,
-        "timeout_s": 10.0,
+        "timeout_s": 60.0,  # a stub answer delayed by a loaded CI machine must not be retried (and paid twice)
         "concurrency": 4,
     }
     settings.update(overrides)
