@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from env_server import typed_values
 from env_server.models import CallCheck, TaskSpec
-from sandbox.base import FileTooLarge, Sandbox
+from sandbox import FileTooLarge, Sandbox
 
 CALLS_PER_PROCESS = 16
 """Calls run by one worker process before a fresh one takes over (state and patches carry no further)."""

@@ -47,7 +47,7 @@ from env_server.tasks import TaskRegistry
 from env_server.tool_call_parser import ToolCallParseError, load_json_object, parse_tool_calls
 from env_server.tools import TOOLS, Tool, ToolOutcome, Workspace
 from env_server.trajectories import EpisodeLog
-from sandbox.base import Sandbox, SandboxError
+from sandbox import Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
 

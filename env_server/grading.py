@@ -43,7 +43,7 @@ from env_server import call_checks
 from env_server.models import ErrorKind, TaskSpec, workspace_path
 from env_server.monitor import GRADER_TAMPER, TEST_CONFIG_EDIT
 from env_server.pytest_guard import NO_SUBREAPER_STATUS, ORPHANS_STATUS
-from sandbox.base import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
+from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
 # a deleted function's compiled body, VCS data its history, package metadata a plugin entry point.

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from env_server.error_kinds import classify_exec
 from env_server.grading import GradingConfig, grade
 from env_server.models import ErrorKind, TaskSpec
-from sandbox.base import ExecResult, Sandbox
+from sandbox import ExecResult, Sandbox
 
 SEARCH_MAX_LINES = 200
 """`search` stops after this many matching lines (the agent should narrow the pattern)."""

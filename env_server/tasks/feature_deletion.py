@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from env_server.grading import GRADE_ENV, parse_junit, pytest_command, tar_files
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
-from sandbox.base import Sandbox
+from sandbox import Sandbox
 
 SUITE = "feature_deletion"
 MIN_BODY_LINES = 3

@@ -15,8 +15,7 @@ from pydantic import BaseModel
 
 from env_server.grading import grade, prepare_workspace
 from env_server.tasks import TaskRegistry
-from sandbox import Backend, SandboxSpec, open_sandbox
-from sandbox.base import Sandbox
+from sandbox import Backend, Sandbox, SandboxSpec, open_sandbox
 
 _CLEAR_WORKSPACE = "find . -mindepth 1 -delete"
 
