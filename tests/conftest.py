@@ -1,11 +1,15 @@
-"""Suite-wide guard: the tests must leave no sandbox container behind."""
+"""Suite-wide pieces: the shared services, and a guard that the tests leave no sandbox container behind."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.service import SharedServices
 
 
 def _leaked_sandboxes(since: float) -> list[str]:
@@ -55,3 +59,14 @@ def no_sandbox_left_behind() -> Iterator[None]:
     yield
     leaked = _leaked_sandboxes(started)
     assert not leaked, f"sandbox containers left after the test run: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServices]:
+    """The one server fixture: `services.get(**settings_overrides)` is the session's service with
+    those settings (started on first use); every area's service fixture asks it."""
+    from tests.support.service import SharedServices  # the server stack, only for tests that use it
+
+    shared = SharedServices(tmp_path_factory.mktemp("services"))
+    yield shared
+    shared.close()

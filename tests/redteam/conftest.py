@@ -1,4 +1,4 @@
-"""One real service on 127.0.0.1 for the whole red-team module, with real Docker sandboxes.
+"""One real service on 127.0.0.1 for the whole red-team run, with real Docker sandboxes.
 
 Its registry serves builtin tasks only; canary and HumanEval tasks are sent inline (`play(...,
 inline=True)`), exactly as the registry would build them.
@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.service.conftest import running_service, service_settings
+from tests.support.service import SharedServices
 
 
 @pytest.fixture(scope="session")
-def redteam_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    settings = service_settings(tmp_path_factory.mktemp("redteam"), pool_size=2, grading_pool_size=2, max_sessions=8)
-    with running_service(settings) as url, httpx.Client(base_url=url, timeout=300) as client:
+def redteam_client(services: SharedServices) -> Iterator[httpx.Client]:
+    service = services.get(pool_size=2, grading_pool_size=2, max_sessions=8)
+    with httpx.Client(base_url=service.url, timeout=300) as client:
         yield client

@@ -1,96 +1,46 @@
-"""A real uvicorn server on 127.0.0.1 (free port) around the real app, with real sandboxes."""
+"""The service tests' fixtures: the shared service (tests/support/service.py) and HTTP sessions on it."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import docker
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
-from env_server.app import create_app
-from env_server.settings import ServiceSettings
-from env_server.tasks import TaskRegistry
-from env_server.tasks import builtin
 from sandbox.docker_backend import SANDBOX_ID_LABEL
+from tests.support.service import RunningService, SharedServices, running_service, service_settings
 
 NEEDS_NO_DOCKER = {"test_tool_call_parser.py", "test_hint_judge.py", "test_monitor_rules.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every service test but the parser's drives real sandboxes: mark them `docker`."""
+    """Every service test but the parser's drives real sandboxes: mark them `docker`, except the
+    cases whose service runs on bubblewrap (marked `bwrap` by their `BACKENDS` parameter)."""
     here = Path(__file__).parent
     for item in items:
         path = Path(str(item.fspath))
-        if path.parent == here and path.name not in NEEDS_NO_DOCKER:
+        if path.parent == here and path.name not in NEEDS_NO_DOCKER and not item.get_closest_marker("bwrap"):
             item.add_marker(pytest.mark.docker)
 
 
-def builtin_registry() -> TaskRegistry:
-    registry = TaskRegistry()
-    registry.register(builtin.SUITE, builtin.BuiltinSuite)
-    return registry
+@pytest.fixture
+def sandbox_backend() -> str:
+    """The backend under the shared service's sandboxes; episode tests parametrise it with `BACKENDS`."""
+    return "docker"
 
 
-class _Server(uvicorn.Server):
-    """uvicorn.Server that says when it is listening (an event, not a poll)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()
+@pytest.fixture
+def service(services: SharedServices, sandbox_backend: str) -> RunningService:
+    """The session's shared service (test defaults) on `sandbox_backend`."""
+    return services.get(sandbox_backend=sandbox_backend)
 
 
-@contextmanager
-def running_service(settings: ServiceSettings, app: FastAPI | None = None) -> Iterator[str]:
-    """Serve `app` (default: `create_app(settings)`) in a thread; yields the base URL; shuts down gracefully."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app or create_app(settings, tasks=builtin_registry()), log_level="warning", ws_max_size=settings.max_body_bytes
-    )
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    if not server.ready.wait(60):
-        raise RuntimeError("service did not start")
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(60)
-        sock.close()
-
-
-def service_settings(tmp_path: Path, **overrides: object) -> ServiceSettings:
-    base: dict[str, object] = {
-        "pool_size": 2,
-        "max_sessions": 16,
-        "reap_orphans_on_start": False,
-        "trajectory_dir": tmp_path / "trajectories",
-    }
-    return ServiceSettings(**{**base, **overrides})
-
-
-@pytest.fixture(scope="session")
-def service_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("service")
-
-
-@pytest.fixture(scope="session")
-def base_url(service_dir: Path) -> Iterator[str]:
-    """The shared service (default settings, small pool)."""
-    with running_service(service_settings(service_dir)) as url:
-        yield url
+@pytest.fixture
+def base_url(service: RunningService) -> str:
+    return service.url
 
 
 @pytest.fixture
@@ -101,17 +51,9 @@ def client(base_url: str) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def make_service(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Start an extra service with settings overrides; all are stopped at test end."""
-    stack: list = []
-
-    def start(**overrides: object) -> str:
-        cm = running_service(service_settings(tmp_path, **overrides))
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield start
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+    """Start a service of this test's own with settings overrides; all are stopped at test end."""
+    with ExitStack() as stack:
+        yield lambda **overrides: stack.enter_context(running_service(service_settings(tmp_path, **overrides)))
 
 
 @pytest.fixture(scope="session")

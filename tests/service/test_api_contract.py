@@ -13,7 +13,7 @@ import pytest
 from fastapi import Request
 
 from env_server.app import create_app
-from tests.service.conftest import builtin_registry, running_service, service_settings
+from tests.support.service import builtin_registry, running_service, service_settings
 
 
 @pytest.fixture(scope="module")

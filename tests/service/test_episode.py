@@ -12,12 +12,13 @@ import httpx
 from env_server.models import EpisodeRecord
 from env_server.tasks import builtin
 from tests.service.conftest import HttpSession
+from tests.support.service import RunningService
 
 FIZZBUZZ = builtin.BuiltinSuite().get("builtin/fizzbuzz")
 SOLUTION = FIZZBUZZ.metadata["solution"]["solution.py"]
 
 
-def test_http_session_episode_solves_the_task_and_records_it(session: HttpSession, client: httpx.Client, service_dir: Path) -> None:
+def test_http_session_episode_solves_the_task_and_records_it(session: HttpSession, client: httpx.Client, service: RunningService) -> None:
     reset = session.reset(task_id="builtin/fizzbuzz")
     assert reset["observation"]["task_id"] == "builtin/fizzbuzz"
     assert "fizzbuzz" in reset["observation"]["prompt"]
@@ -43,7 +44,7 @@ def test_http_session_episode_solves_the_task_and_records_it(session: HttpSessio
     trajectory = EpisodeRecord.model_validate(client.get(f"/sessions/{session.id}/trajectory").json())
     assert [s.parsed_call["tool_name"] for s in trajectory.steps] == ["bash", "write_file", "run_tests", "submit"]
     assert trajectory.reward == 1.0
-    logged = [json.loads(line) for line in (service_dir / "trajectories" / "episodes.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (service.settings.trajectory_dir / "episodes.jsonl").read_text().splitlines()]
     assert any(r["episode_id"] == trajectory.episode_id and r["reward"] == 1.0 for r in logged)
 
 

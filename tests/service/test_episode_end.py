@@ -19,7 +19,8 @@ from env_server.hints import HintGenerator
 from env_server.settings import HintSettings
 from env_server.tools import TOOLS
 from sandbox import Sandbox, SandboxSpec, open_sandbox
-from tests.service.conftest import HttpSession, builtin_registry, containers_of
+from tests.service.conftest import HttpSession, containers_of
+from tests.support.service import builtin_registry
 
 ADD_TASK = {
     "id": "inline/add",

@@ -7,7 +7,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -18,6 +18,9 @@ from trainer_client.hint_sites import ToolCallRecord, locate_hint_sites, turn_re
 from trainer_client.policy import load_tool_tokenizer, tiny_random_model
 from trainer_client.records import PreferencePair
 from trainer_client.trainer import ComposerConfig, ComposerTrainer
+
+if TYPE_CHECKING:
+    from tests.support.service import SharedServices
 
 TOOLS = [
     {
@@ -166,37 +169,6 @@ SERVICE_TOKEN = "trainer-test-token"
 
 
 @pytest.fixture(scope="session")
-def service_url() -> Any:
-    """The real service on 127.0.0.1 (uvicorn in a thread), Docker sandboxes, builtin tasks, a bearer token."""
-    import socket
-    import threading
-
-    import httpx
-    import uvicorn
-
-    from env_server.app import create_app
-    from env_server.settings import ServiceSettings
-    from env_server.tasks import TaskRegistry, builtin
-
-    registry = TaskRegistry()
-    registry.register(builtin.SUITE, builtin.BuiltinSuite)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    settings = ServiceSettings(port=port, api_token=SERVICE_TOKEN, max_sessions=6, pool_size=2)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, tasks=registry), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    # Wait for readiness: the health route answers once start-up (and the warm pool) is done.
-    for _ in range(600):
-        if not thread.is_alive():
-            raise RuntimeError("the service failed to start")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            thread.join(timeout=0.1)
-    yield url
-    server.should_exit = True
-    thread.join(timeout=60)
+def service_url(services: SharedServices) -> str:
+    """The session's service with a bearer token and room for six sessions (the capacity test fills it)."""
+    return services.get(api_token=SERVICE_TOKEN, max_sessions=6).url
