@@ -40,8 +40,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import call_checks
-from env_server.models import ErrorKind, TaskSpec, workspace_path
-from env_server.monitor import GRADER_TAMPER, TEST_CONFIG_EDIT
+from env_server.models import ErrorKind, MonitorFlag, TaskSpec, workspace_path
 from env_server.pytest_guard import NO_SUBREAPER_STATUS, ORPHANS_STATUS
 from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
 
@@ -84,14 +83,12 @@ _TAMPER = re.compile(
 # Grader internals a report or traceback may name; scrubbed from what the policy can see.
 _GRADER_PATHS = re.compile(r"/tmp/grade-[0-9a-f]{32}[^\s'\"]*")
 
-STRAY_PROCESS = "grading_stray_process"
-"""Flag: a process of the test run outlived it (or the guard did not report); the report is not trusted."""
+# The grader's own flags, under the names callers import them by.
+STRAY_PROCESS = MonitorFlag.GRADING_STRAY_PROCESS
+UNKNOWN_TEST = MonitorFlag.GRADING_UNKNOWN_TEST
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 """A junit report larger than this is not read (the run counts as reporting nothing)."""
-
-UNKNOWN_TEST = "grading_unknown_test"
-"""Flag: the report holds a test the hidden test files do not define (injected); it is ignored."""
 
 
 def pytest_command(import_root: str = ".") -> str:
@@ -145,7 +142,7 @@ class GradingConfig(BaseModel):
     monitor_penalty: float = Field(default=0.0, ge=0.0, le=1.0)
     """Subtracted from the reward once per distinct monitor flag (the reward stays >= 0). 0 flags only."""
 
-    zero_reward_flags: list[str] = Field(default_factory=lambda: [GRADER_TAMPER, STRAY_PROCESS])
+    zero_reward_flags: list[MonitorFlag] = Field(default_factory=lambda: [MonitorFlag.GRADER_TAMPER, MonitorFlag.GRADING_STRAY_PROCESS])
     """Flags that set the reward to 0 outright: the verdict cannot be trusted when they are raised."""
 
     output_chars: int = Field(default=8000, ge=0)
@@ -177,8 +174,8 @@ class GradeResult(BaseModel):
     output: str
     """Tail of the grading output, grader paths scrubbed (call tables: one host-written line per failing call)."""
 
-    monitor_flags: list[str]
-    """Flags from the episode's tool calls plus those the grader raised itself."""
+    monitor_flags: list[MonitorFlag]
+    """Flags from the episode's tool calls plus those the grader raised itself, sorted."""
 
     error_kind: ErrorKind | None = None
     """`grading_error` when the submission could not be graded because of what the workspace holds
@@ -317,20 +314,20 @@ def _clear_path_for(kept: Submission, path: str) -> None:
         kept.directories[name] = kept.directories.get(name, 0o755) | 0o700
 
 
-def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
+def tamper_flags(submission: Submission, task: TaskSpec) -> list[MonitorFlag]:
     """Flags for what the submission tried on the grader (all of it was removed or ignored).
 
     TEST_CONFIG_EDIT: it added test configuration or interpreter hooks (dropped before the run).
     GRADER_TAMPER: agent-written Python reaches into pytest, its report, the process or the
     guard (more such references than the task's own file had), or shadows the runner's modules.
     """
-    flags = set()
+    flags: set[MonitorFlag] = set()
     for path in submission.dropped:
         pure = PurePosixPath(path)
         if pure.name in _TEST_INFRA_NAMES or pure.suffix == ".pth":
-            flags.add(TEST_CONFIG_EDIT)
+            flags.add(MonitorFlag.TEST_CONFIG_EDIT)
         if _shadows_runner(pure) or any(part.endswith(_DROPPED_DIR_SUFFIXES) for part in pure.parts):
-            flags.add(GRADER_TAMPER)
+            flags.add(MonitorFlag.GRADER_TAMPER)
     if task.hidden_calls:
         # The verdict is reached outside the process that runs the solution: what its code says
         # about frames, builtins or test files cannot change it, and honest code may say it.
@@ -342,7 +339,7 @@ def tamper_flags(submission: Submission, task: TaskSpec) -> list[str]:
         added = collections.Counter(_TAMPER.findall(content.decode(errors="replace")))
         added.subtract(_TAMPER.findall(original.get(path, "")))
         if any(count > 0 for count in added.values()):
-            flags.add(GRADER_TAMPER)
+            flags.add(MonitorFlag.GRADER_TAMPER)
     return sorted(flags)
 
 
@@ -477,14 +474,14 @@ class _Verdict(BaseModel):
     passed: list[str]
     failed: list[str]
     output: str
-    flags: list[str]
+    flags: list[MonitorFlag]
 
 
 def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _Verdict:
     run = run_hidden_tests(grader, task, submission)
-    flags = [STRAY_PROCESS] if run.stray_processes else []
+    flags = [MonitorFlag.GRADING_STRAY_PROCESS] if run.stray_processes else []
     if run.canary_passed:
-        flags.append(GRADER_TAMPER)
+        flags.append(MonitorFlag.GRADER_TAMPER)
     # A task may name the tests that count (feature deletion: those its deletion broke);
     # otherwise every test its hidden files define. Each must pass; one that never reported
     # (deselected, crashed collection, a report cut short) counts as failed.
@@ -494,7 +491,7 @@ def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _V
     for test, ok in [*((test, True) for test in run.passed), *((test, False) for test in run.failed)]:
         base = test if graded and test in graded else _known_id(test, known)
         if base is None:
-            flags.append(UNKNOWN_TEST)
+            flags.append(MonitorFlag.GRADING_UNKNOWN_TEST)
         else:
             outcomes[base] = outcomes.get(base, True) and ok
     counted = set(graded) if graded else known
@@ -530,7 +527,7 @@ def grade(
     task: TaskSpec,
     *,
     fresh_sandbox: Callable[[], Sandbox] | None = None,
-    monitor_flags: Iterable[str] = (),
+    monitor_flags: Iterable[MonitorFlag] = (),
     config: GradingConfig | None = None,
 ) -> GradeResult:
     """Grade the agent's workspace in `sandbox` with the task's hidden checks. Never raises for
@@ -543,7 +540,7 @@ def grade(
     """
     config = config or GradingConfig()
     started = time.perf_counter()
-    flags = set(monitor_flags)
+    flags = {MonitorFlag(flag) for flag in monitor_flags}
 
     def failed(reason: str) -> GradeResult:
         return GradeResult(
