@@ -57,6 +57,3 @@ class FailureStreak:
         self._count = self._count + 1 if kind is self._kind else 1
         self._kind = kind
         return ErrorKind.REPEATED_FAILURE if self._count >= REPEAT_THRESHOLD else kind
-
-    def reset(self) -> None:
-        self._kind, self._count = None, 0
