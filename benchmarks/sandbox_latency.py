@@ -14,9 +14,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from samples import percentile, timed_ms
-from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
+from sandbox import BackendSpec, DockerSpec, LocalSpec, Sandbox, WarmPool, open_sandbox
 
-SPEC = SandboxSpec()
+SPEC: BackendSpec = DockerSpec()
 
 
 def row(name: str, samples: list[float], baseline: list[float] | None = None) -> str:
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     args = parser.parse_args()
     global SPEC
-    SPEC = SPEC.model_copy(update={"runtime": args.runtime})
+    SPEC = DockerSpec(runtime=args.runtime) if args.backend == "docker" else LocalSpec()
     n = 20 if args.quick else 200
     payload = bytes(range(256)) * 400  # 100 KiB
 
@@ -118,7 +118,7 @@ def main() -> None:
         if args.backend == "docker":
             from sandbox.docker_backend import default_client
 
-            baseline_container = default_client().containers.get(sandbox.container_id)
+            baseline_container = default_client().containers.get(sandbox.deployment.container_id)
         for command, repeat in (("true", n), ("python3 -c pass", n // 2)):
             ours = timed_ms(lambda: checked_exec(sandbox, command), repeat)
             baseline = None

@@ -1,13 +1,31 @@
 """Isolated places to run an agent's commands: hardened Docker containers or bubblewrap.
 
-    from sandbox import SandboxSpec, open_sandbox
-    with open_sandbox(SandboxSpec(memory_mb=512)) as sb:
+    from sandbox import DockerSpec, open_sandbox
+    with open_sandbox(DockerSpec(memory_mb=512)) as sb:
         result = sb.exec("python3 -c 'print(1)'", timeout_s=5)
+
+A backend's deployment (`sandbox.docker_backend`, `sandbox.local_backend`) starts the sandbox
+and hands back the channel to its supervisor; `Sandbox` (`sandbox.runtime`) does the work over it.
 """
 
-from sandbox.backends import Backend, open_sandbox
-from sandbox.base import ArchiveTooLarge, ExecResult, FileTooLarge, Sandbox, SandboxError
+from sandbox.backends import open_sandbox
+from sandbox.base import ArchiveTooLarge, ExecResult, FileTooLarge, SandboxError
 from sandbox.pool import WarmPool
-from sandbox.spec import SandboxSpec
+from sandbox.runtime import Sandbox
+from sandbox.spec import Backend, BackendSpec, DockerSpec, LocalSpec, SandboxSpec, backend_spec
 
-__all__ = ["ArchiveTooLarge", "Backend", "ExecResult", "FileTooLarge", "Sandbox", "SandboxError", "SandboxSpec", "WarmPool", "open_sandbox"]
+__all__ = [
+    "ArchiveTooLarge",
+    "Backend",
+    "BackendSpec",
+    "DockerSpec",
+    "ExecResult",
+    "FileTooLarge",
+    "LocalSpec",
+    "Sandbox",
+    "SandboxError",
+    "SandboxSpec",
+    "WarmPool",
+    "backend_spec",
+    "open_sandbox",
+]

@@ -1,25 +1,30 @@
-"""Choosing a backend: `open_sandbox` starts a sandbox of the requested kind."""
+"""Choosing a backend: the spec's type names it; `open_sandbox` starts a sandbox there."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-from sandbox.base import Sandbox
-from sandbox.spec import SandboxSpec
-
-Backend = Literal["docker", "local"]
+from sandbox.deployment import Deployment
+from sandbox.runtime import Sandbox
+from sandbox.spec import Backend, DockerSpec, LocalSpec, SandboxSpec, backend_spec
 
 
-def open_sandbox(spec: SandboxSpec | None = None, backend: Backend = "docker") -> Sandbox:
-    """Start a sandbox and return it once its supervisor answers; close it (or use `with`)."""
-    spec = spec or SandboxSpec()
+def deployment_for(spec: SandboxSpec | None = None, backend: Backend | None = None) -> Deployment:
+    """An unstarted deployment for `spec` on the backend its type names (`backend_spec`)."""
+    spec = backend_spec(spec, backend)
     # Backends are imported on demand: a host with bubblewrap only need not have the docker SDK.
-    if backend == "docker":
-        from sandbox.docker_backend import DockerSandbox
+    if isinstance(spec, DockerSpec):
+        from sandbox.docker_backend import DockerDeployment
 
-        return DockerSandbox(spec)
-    if backend == "local":
-        from sandbox.local_backend import LocalSandbox
+        return DockerDeployment(spec)
+    if isinstance(spec, LocalSpec):
+        from sandbox.local_backend import LocalDeployment
 
-        return LocalSandbox(spec)
-    raise ValueError(f"unknown sandbox backend {backend!r}; expected 'docker' or 'local'")
+        return LocalDeployment(spec)
+    raise TypeError(f"no backend runs a {type(spec).__name__}")
+
+
+def open_sandbox(spec: SandboxSpec | None = None, backend: Backend | None = None) -> Sandbox:
+    """Start a sandbox and return it once its supervisor answers; close it (or use `with`).
+
+    `DockerSpec` and `LocalSpec` name their backend; a plain `SandboxSpec` runs on `backend`
+    (default docker)."""
+    return Sandbox(deployment_for(spec, backend))

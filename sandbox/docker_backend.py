@@ -1,4 +1,4 @@
-"""Docker backend: one hardened container per sandbox, driven over its attached stdin/stdout.
+"""Docker backend: one hardened container per sandbox, its supervisor reached over the attached stdin/stdout.
 
 The container's main process is the supervisor (under Docker's init, which reaps zombies).
 It is created with an open stdin that closes when the single attached client goes away
@@ -14,7 +14,6 @@ import functools
 import os
 import socket
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,9 @@ from docker.types import LogConfig, Ulimit
 from docker.utils.socket import STDOUT, frames_iter
 
 from sandbox.base import SandboxError
-from sandbox.spec import SandboxSpec
-from sandbox.supervised import BASE_ENV, SupervisedSandbox
+from sandbox.channel import SupervisorChannel
+from sandbox.deployment import BASE_ENV, Deployment
+from sandbox.spec import DockerSpec
 from sandbox.supervisor import bootstrap_argv
 
 SERVICE_LABEL = "coding-env.service"
@@ -39,9 +39,6 @@ OWNER_LABEL = "coding-env.owner"
 The start time tells a live owner from a new process that reuses its pid, which is the rule
 inside a restarted service container (always pid 1 on the same hostname)."""
 
-START_TIMEOUT_S = 60.0
-"""Limit on container start until the supervisor answers its first ping."""
-
 SUPERVISOR_USER = "0:0"
 """The container's main process, the supervisor, is root (in the container's uid space) so that
 commands, which it runs as `spec.user`, cannot signal, trace or read it (decision 006)."""
@@ -51,7 +48,7 @@ SUPERVISOR_CAPABILITIES = ["SETUID", "SETGID", "KILL"]
 command's process group. No DAC override: it never touches the agent's files itself."""
 
 
-def memory_limit_mb(spec: SandboxSpec) -> int:
+def memory_limit_mb(spec: DockerSpec) -> int:
     """The cgroup limit: processes' memory plus every tmpfs, whose pages the cgroup is charged
     for, so a full disk can never push the processes into an OOM kill (decision 008)."""
     return spec.memory_mb + spec.workspace_mb + spec.tmp_mb + spec.shm_mb
@@ -79,24 +76,25 @@ def current_owner() -> str:
     return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
 
 
-class DockerSandbox(SupervisedSandbox):
-    """A sandbox in a hardened Docker container; starts on construction, `close()` removes it."""
+class DockerDeployment(Deployment):
+    """A sandbox in a hardened Docker container; `stop()` removes it."""
 
-    def __init__(self, spec: SandboxSpec, client: docker.DockerClient | None = None):
-        super().__init__(spec, uuid.uuid4().hex[:16])
-        self._api = (client or default_client()).api
+    start_timeout_s = 60.0
+
+    def __init__(self, spec: DockerSpec, client: docker.DockerClient | None = None):
+        super().__init__(spec)
+        self._client = client or default_client()
+        self._api = self._client.api
         self._stderr_tail: deque[bytes] = deque(maxlen=16)  # supervisor's own stderr, for error messages
         self._container_id: str | None = None
         self._socket: socket.socket | None = None
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
 
     @property
     def container_id(self) -> str | None:
         return self._container_id
+
+    def fresh(self) -> DockerDeployment:
+        return DockerDeployment(self.spec, self._client)
 
     def _host_config(self) -> dict:
         uid, _, gid = self.spec.user.partition(":")
@@ -124,7 +122,7 @@ class DockerSandbox(SupervisedSandbox):
             log_config=LogConfig(type=LogConfig.types.NONE),
         )
 
-    def _start(self) -> None:
+    def start(self) -> SupervisorChannel:
         try:
             created = self._api.create_container(
                 self.spec.image,
@@ -152,7 +150,7 @@ class DockerSandbox(SupervisedSandbox):
             self._api.start(self._container_id)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot start a sandbox from {self.spec.image}: {exc}") from exc
-        self._connect(self._stdout_reader(self._socket).__next__, self._socket.sendall, self._describe_failure, START_TIMEOUT_S)
+        return SupervisorChannel(self._stdout_reader(self._socket).__next__, self._socket.sendall, self._describe_failure)
 
     def _stdout_reader(self, sock: socket.socket) -> Iterator[bytes]:
         """Demultiplex Docker's attach stream: stdout chunks out, stderr kept for diagnostics."""
@@ -182,9 +180,8 @@ class DockerSandbox(SupervisedSandbox):
             details.append(f"supervisor stderr: {stderr[-2000:]}")
         return "; ".join(details)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         container_id, self._container_id = self._container_id, None
-        self._channel = None
         if self._socket is not None:
             self._socket.close()
             self._socket = None

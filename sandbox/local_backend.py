@@ -29,16 +29,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO
 
 from sandbox.base import SandboxError
-from sandbox.spec import SandboxSpec
-from sandbox.supervised import BASE_ENV, SupervisedSandbox
+from sandbox.channel import SupervisorChannel
+from sandbox.deployment import BASE_ENV, Deployment
+from sandbox.spec import LocalSpec
 from sandbox.supervisor import bootstrap_argv
-
-START_TIMEOUT_S = 30.0
-"""Limit on start-up until the supervisor answers its first ping."""
 
 HOST_UIDS = range(200_000, 265_536)
 """Host uids a root caller's sandboxes run as, one per live sandbox: an escape is not root,
@@ -60,7 +58,7 @@ _ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "lo
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bwrap-spawner")
 
 
-def bwrap_argv(spec: SandboxSpec) -> list[str]:
+def bwrap_argv(spec: LocalSpec) -> list[str]:
     """The bubblewrap command line (without the command to run inside) for `spec`."""
     uid, _, gid = spec.user.partition(":")
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -108,7 +106,7 @@ def _release_host_uid(uid: int) -> None:
         _host_uids_in_use.discard(uid)
 
 
-def limits_argv(spec: SandboxSpec, host_uid: int | None) -> list[str]:
+def limits_argv(spec: LocalSpec, host_uid: int | None) -> list[str]:
     """`prlimit` prefix that applies the spec's rlimits, then `setpriv` to `host_uid` if given."""
     argv = [
         "prlimit",
@@ -123,33 +121,38 @@ def limits_argv(spec: SandboxSpec, host_uid: int | None) -> list[str]:
     return argv
 
 
-class LocalSandbox(SupervisedSandbox):
-    """A sandbox in bubblewrap namespaces on this host; starts on construction."""
+class LocalDeployment(Deployment):
+    """A sandbox in bubblewrap namespaces on this host; `stop()` ends it."""
 
-    def __init__(self, spec: SandboxSpec):
-        super().__init__(spec, uuid.uuid4().hex[:16])
-        if shutil.which("bwrap") is None:
-            raise SandboxError("the local backend needs bubblewrap (`bwrap`) on PATH")
-        self._stderr = tempfile.TemporaryFile()  # supervisor's own stderr, for error messages
-        # Host uid the sandbox runs as when the caller is root (None: the caller's own uid).
-        self.host_uid = _acquire_host_uid() if os.geteuid() == 0 else None
-        argv = limits_argv(spec, self.host_uid) + bwrap_argv(spec) + ["--"] + bootstrap_argv(spec.workdir)
+    start_timeout_s = 30.0
+
+    def __init__(self, spec: LocalSpec):
+        super().__init__(spec)
         self._process: subprocess.Popen[bytes] | None = None
-        try:
-            # bwrap stays in the sandbox as its pid 1, whose /proc/1/environ the agent can read:
-            # it gets a bare environment, never the service's (tokens, API keys).
-            self._process = _spawner.submit(
-                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env={"PATH": SANDBOX_PATH}
-            ).result()
-            self._connect(self._process.stdout.read1, self._write, self._describe_failure, START_TIMEOUT_S)
-        except BaseException:
-            self.close()
-            raise
+        self._stderr: IO[bytes] | None = None  # supervisor's own stderr, for error messages
+        self.host_uid: int | None = None
+        """Host uid the sandbox runs as when the caller is root (None: the caller's own uid)."""
 
     @property
     def pid(self) -> int | None:
         """Host pid of the outer bwrap process."""
         return self._process.pid if self._process else None
+
+    def fresh(self) -> LocalDeployment:
+        return LocalDeployment(self.spec)
+
+    def start(self) -> SupervisorChannel:
+        if shutil.which("bwrap") is None:
+            raise SandboxError("the local backend needs bubblewrap (`bwrap`) on PATH")
+        self._stderr = tempfile.TemporaryFile()
+        self.host_uid = _acquire_host_uid() if os.geteuid() == 0 else None
+        argv = limits_argv(self.spec, self.host_uid) + bwrap_argv(self.spec) + ["--"] + bootstrap_argv(self.spec.workdir)
+        # bwrap stays in the sandbox as its pid 1, whose /proc/1/environ the agent can read:
+        # it gets a bare environment, never the service's (tokens, API keys).
+        self._process = _spawner.submit(
+            subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env={"PATH": SANDBOX_PATH}
+        ).result()
+        return SupervisorChannel(self._process.stdout.read1, self._write, self._describe_failure)
 
     def _write(self, data: bytes) -> None:
         self._process.stdin.write(data)
@@ -164,16 +167,16 @@ class LocalSandbox(SupervisedSandbox):
         stderr = self._stderr.read().decode(errors="replace").strip()
         return "; ".join(part for part in (f"bwrap exited with {code}" if code is not None else "", stderr) if part)
 
-    def close(self) -> None:
-        if self._stderr.closed:
-            return
+    def stop(self) -> None:
         process, self._process = self._process, None
-        self._channel = None
         if process is not None:
             self._stop(process)
-        self._stderr.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
         if self.host_uid is not None:
             _release_host_uid(self.host_uid)
+            self.host_uid = None
 
     @staticmethod
     def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -15,9 +15,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Self
 
-from sandbox.backends import Backend, open_sandbox
-from sandbox.base import Sandbox, SandboxError
-from sandbox.spec import SandboxSpec
+from sandbox.backends import open_sandbox
+from sandbox.base import SandboxError
+from sandbox.runtime import Sandbox
+from sandbox.spec import Backend, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,12 @@ class WarmPool:
         self,
         spec: SandboxSpec | None = None,
         size: int = 4,
-        backend: Backend = "docker",
+        backend: Backend | None = None,
         parallel_starts: int = 2,
         start: Callable[[SandboxSpec], Sandbox] | None = None,
     ):
-        """`start` overrides how a sandbox is made (default: `open_sandbox(spec, backend)`)."""
+        """`backend` runs a plain `SandboxSpec` (a `DockerSpec` or `LocalSpec` names its own);
+        `start` overrides how a sandbox is made (default: `open_sandbox(spec, backend)`)."""
         if size < 1 or parallel_starts < 1:
             raise ValueError("size and parallel_starts must be at least 1")
         self.spec = spec or SandboxSpec()

@@ -1,10 +1,19 @@
-"""What a sandbox is allowed to be: image, limits and hardening, as one pydantic model."""
+"""What a sandbox is allowed to be: limits and hardening every backend applies (`SandboxSpec`),
+plus one spec type per backend for what only it has (`DockerSpec`, `LocalSpec`).
+
+The spec's type chooses the backend: `open_sandbox(DockerSpec(...))` starts a container,
+`open_sandbox(LocalSpec(...))` a bubblewrap sandbox. A plain `SandboxSpec` carries no backend
+fields and runs on whichever backend is named (`backend_spec`).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+Backend = Literal["docker", "local"]
+"""Where a sandbox lives: a hardened Docker container or bubblewrap namespaces on this host."""
 
 DEFAULT_IMAGE = "coding-env-sandbox:latest"
 
@@ -26,18 +35,9 @@ DEFAULT_REMOVED_BINARIES: tuple[str, ...] = (
 
 
 class SandboxSpec(BaseModel):
-    """Resources and hardening of one sandbox. Defaults are the hardened configuration."""
+    """Resources and hardening every backend applies. Defaults are the hardened configuration."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: str = DEFAULT_IMAGE
-    """Container image (Docker backend). The local backend uses the host's filesystem read-only."""
-
-    cpus: float = Field(default=1.0, gt=0)
-    """CPU quota in cores (Docker `nano_cpus`). The local backend has no quota; see `cpu_time_s`."""
-
-    cpu_time_s: int = Field(default=3600, ge=1)
-    """Local backend only: RLIMIT_CPU, CPU seconds any one process (the supervisor included) may use."""
 
     memory_mb: int = Field(default=1024, ge=32)
     """Memory for the sandbox's processes in MiB; no swap beyond it. The Docker backend's cgroup
@@ -73,9 +73,6 @@ class SandboxSpec(BaseModel):
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of `exec` when the caller gives none; the whole process group is killed on expiry."""
 
-    runtime: Literal["runc", "runsc"] = "runc"
-    """OCI runtime: `runc` (Docker's default) or `runsc` (gVisor, a user-space kernel)."""
-
     network: bool = False
     """Give the sandbox a network. Off by default: only the loopback interface exists."""
 
@@ -86,14 +83,8 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("env", "environment"))
     """Extra environment variables for every command."""
 
-    host_paths: tuple[str, ...] = ()
-    """Local backend only: extra host paths bound read-only at the same place (e.g. a virtualenv)."""
-
     removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES
     """Introspection tools deleted from the image at build time and hidden at run time."""
-
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra container labels (the backend always adds its own service labels)."""
 
     @field_validator("user")
     @classmethod
@@ -111,3 +102,56 @@ class SandboxSpec(BaseModel):
         if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/tmp", "/dev", "/dev/shm", "/proc"):
             raise ValueError(f"workdir must be an absolute path of its own (not /, /tmp, /dev, /proc), got {workdir!r}")
         return workdir
+
+
+class DockerSpec(SandboxSpec):
+    """A sandbox in a hardened Docker container (`sandbox.docker_backend`)."""
+
+    backend: ClassVar[Backend] = "docker"
+
+    image: str = DEFAULT_IMAGE
+    """Container image; its python3 hosts the supervisor."""
+
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU quota in cores (Docker `nano_cpus`)."""
+
+    runtime: Literal["runc", "runsc"] = "runc"
+    """OCI runtime: `runc` (Docker's default) or `runsc` (gVisor, a user-space kernel between the
+    sandbox and the host's; the engine must have it registered)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra container labels (the backend always adds its own service labels)."""
+
+
+class LocalSpec(SandboxSpec):
+    """A sandbox in bubblewrap namespaces on this host, seeing its /usr read-only (`sandbox.local_backend`)."""
+
+    backend: ClassVar[Backend] = "local"
+
+    cpu_time_s: int = Field(default=3600, ge=1)
+    """RLIMIT_CPU: CPU seconds any one process (the supervisor included) may use; there is no
+    CPU quota as on Docker."""
+
+    host_paths: tuple[str, ...] = ()
+    """Extra host paths bound read-only at the same place (e.g. a virtualenv)."""
+
+
+BackendSpec = DockerSpec | LocalSpec
+"""A spec that names its backend by its type."""
+
+SPEC_TYPES: dict[Backend, type[BackendSpec]] = {spec_type.backend: spec_type for spec_type in (DockerSpec, LocalSpec)}
+"""The spec type of each backend."""
+
+
+def backend_spec(spec: SandboxSpec | dict[str, object] | None = None, backend: Backend | None = None) -> BackendSpec:
+    """`spec` as the spec type of `backend`: a backend spec is returned as it is (and must not
+    contradict `backend`); a plain `SandboxSpec` or a dict becomes the spec of `backend` (default
+    docker), so fields of another backend are refused."""
+    if isinstance(spec, DockerSpec | LocalSpec):
+        if backend not in (None, spec.backend):
+            raise ValueError(f"a {type(spec).__name__} runs on the {spec.backend!r} backend, not {backend!r}")
+        return spec
+    if backend is not None and backend not in SPEC_TYPES:
+        raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {sorted(SPEC_TYPES)}")
+    fields = spec.model_dump() if isinstance(spec, SandboxSpec) else (spec or {})
+    return SPEC_TYPES[backend or "docker"].model_validate(fields)

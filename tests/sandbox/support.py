@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import SandboxSpec
+from sandbox import DockerSpec, LocalSpec, SandboxSpec
 from sandbox.spec import DEFAULT_IMAGE
 
 
@@ -33,7 +33,11 @@ needs_bwrap = [pytest.mark.bwrap, pytest.mark.skipif(shutil.which("bwrap") is No
 BACKENDS = [pytest.param("docker", marks=needs_docker), pytest.param("local", marks=needs_bwrap)]
 
 SPEC = SandboxSpec(memory_mb=512, pids=128, workspace_mb=16, tmp_mb=16, default_timeout_s=20)
-"""Small limits so the containment tests hit them quickly."""
+"""Small limits so the containment tests hit them quickly (on either backend)."""
+
+DOCKER_SPEC = DockerSpec(**SPEC.model_dump())
+LOCAL_SPEC = LocalSpec(**SPEC.model_dump())
+"""The same limits as the spec type of each backend (for its own fields: `cpus`, `cpu_time_s`)."""
 
 
 def kill_caller_mid_command(backend: str, handle: str) -> str:

@@ -17,19 +17,20 @@ from sandbox.docker_backend import (
     SANDBOX_ID_LABEL,
     SERVICE_LABEL,
     SUPERVISOR_CAPABILITIES,
-    DockerSandbox,
     default_client,
     memory_limit_mb,
     reap_orphans,
 )
-from tests.sandbox.support import SPEC, kill_caller_mid_command, needs_docker
+from sandbox import Sandbox, open_sandbox
+from tests.sandbox.support import DOCKER_SPEC as SPEC
+from tests.sandbox.support import kill_caller_mid_command, needs_docker
 
 pytestmark = needs_docker
 
 
 @pytest.fixture
-def docker_sandbox() -> Iterator[DockerSandbox]:
-    with DockerSandbox(SPEC) as sb:
+def docker_sandbox() -> Iterator[Sandbox]:
+    with open_sandbox(SPEC) as sb:
         yield sb
 
 
@@ -44,8 +45,8 @@ def _gone(container_id: str) -> bool:
     return False
 
 
-def test_container_is_created_hardened(docker_sandbox: DockerSandbox) -> None:
-    attrs = default_client().api.inspect_container(docker_sandbox.container_id)
+def test_container_is_created_hardened(docker_sandbox: Sandbox) -> None:
+    attrs = default_client().api.inspect_container(docker_sandbox.deployment.container_id)
     host = attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
@@ -67,17 +68,17 @@ def test_container_is_created_hardened(docker_sandbox: DockerSandbox) -> None:
 
 
 def test_close_removes_the_container() -> None:
-    sb = DockerSandbox(SPEC)
-    container_id = sb.container_id
+    sb = open_sandbox(SPEC)
+    container_id = sb.deployment.container_id
     sb.close()
     assert _gone(container_id)
 
 
 def test_a_killed_caller_leaves_no_container() -> None:
-    assert _gone(kill_caller_mid_command("docker", "container_id"))
+    assert _gone(kill_caller_mid_command("docker", "deployment.container_id"))
 
 
-def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: DockerSandbox) -> None:
+def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: Sandbox) -> None:
     api = default_client().api
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True).stdout.strip()
     host = socket.gethostname()
@@ -97,7 +98,7 @@ def test_reap_removes_containers_of_dead_owners_only(docker_sandbox: DockerSandb
     try:
         removed = reap_orphans()
         assert all(orphan in removed and _gone(orphan) for orphan in orphans)
-        assert docker_sandbox.container_id not in removed and docker_sandbox.is_alive()
+        assert docker_sandbox.deployment.container_id not in removed and docker_sandbox.is_alive()
     finally:
         for orphan in orphans:
             try:

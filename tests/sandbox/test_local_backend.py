@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local_backend import HOST_UIDS, LocalSandbox
-from tests.sandbox.support import SPEC, kill_caller_mid_command, needs_bwrap
+from sandbox import Sandbox, open_sandbox
+from sandbox.local_backend import HOST_UIDS
+from tests.sandbox.support import LOCAL_SPEC as SPEC
+from tests.sandbox.support import kill_caller_mid_command, needs_bwrap
 
 pytestmark = needs_bwrap
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the host uid drop applies to root callers")
 
 
 @pytest.fixture
-def local_sandbox() -> Iterator[LocalSandbox]:
-    with LocalSandbox(SPEC) as sb:
+def local_sandbox() -> Iterator[Sandbox]:
+    with open_sandbox(SPEC) as sb:
         yield sb
 
 
@@ -35,31 +37,31 @@ def _wait_exit(pid: int) -> None:
         os.close(pidfd)
 
 
-def test_rlimits_apply_inside(local_sandbox: LocalSandbox) -> None:
+def test_rlimits_apply_inside(local_sandbox: Sandbox) -> None:
     limits = local_sandbox.exec("ulimit -v; ulimit -u; ulimit -n; ulimit -t").stdout.split()
     assert limits == [str(SPEC.memory_mb * 1024), str(SPEC.pids), str(SPEC.nofile), str(SPEC.cpu_time_s)]
 
 
-def test_memory_beyond_the_limit_fails_to_allocate(local_sandbox: LocalSandbox) -> None:
+def test_memory_beyond_the_limit_fails_to_allocate(local_sandbox: Sandbox) -> None:
     result = local_sandbox.exec("python3 -c 'x = b\"x\" * (2 * 1024**3)'")
     assert result.exit_code == 1 and "MemoryError" in result.stderr
     assert local_sandbox.exec("echo alive").stdout == "alive\n"
 
 
 @root_only
-def test_a_root_caller_runs_the_sandbox_as_an_unprivileged_host_uid(local_sandbox: LocalSandbox) -> None:
-    children = Path(f"/proc/{local_sandbox.pid}/task/{local_sandbox.pid}/children").read_text().split()
-    assert local_sandbox.host_uid in HOST_UIDS
-    for pid in [local_sandbox.pid, *map(int, children)]:
+def test_a_root_caller_runs_the_sandbox_as_an_unprivileged_host_uid(local_sandbox: Sandbox) -> None:
+    children = Path(f"/proc/{local_sandbox.deployment.pid}/task/{local_sandbox.deployment.pid}/children").read_text().split()
+    assert local_sandbox.deployment.host_uid in HOST_UIDS
+    for pid in [local_sandbox.deployment.pid, *map(int, children)]:
         uids = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
-        assert uids.split()[1:] == [str(local_sandbox.host_uid)] * 4
+        assert uids.split()[1:] == [str(local_sandbox.deployment.host_uid)] * 4
 
 
 @root_only
-def test_each_sandbox_of_a_root_caller_gets_its_own_host_uid(local_sandbox: LocalSandbox) -> None:
-    with LocalSandbox(SPEC) as other:
-        assert other.host_uid != local_sandbox.host_uid
+def test_each_sandbox_of_a_root_caller_gets_its_own_host_uid(local_sandbox: Sandbox) -> None:
+    with open_sandbox(SPEC) as other:
+        assert other.deployment.host_uid != local_sandbox.deployment.host_uid
 
 
 def test_a_killed_caller_takes_the_sandbox_with_it() -> None:
-    _wait_exit(int(kill_caller_mid_command("local", "pid")))
+    _wait_exit(int(kill_caller_mid_command("local", "deployment.pid")))

@@ -34,10 +34,10 @@ def test_checkout_replaces_a_sandbox_that_died_in_the_pool(backend: str) -> None
     with WarmPool(SPEC, size=1, start=start) as pool:
         pool.wait_ready()
         dead = made[0]
-        api = dead._api  # the container dies behind the pool's back, as in an engine restart
-        api.kill(dead.container_id)
+        api = dead.deployment._api  # the container dies behind the pool's back, as in an engine restart
+        api.kill(dead.deployment.container_id)
         try:
-            api.wait(dead.container_id, condition="removed", timeout=60)
+            api.wait(dead.deployment.container_id, condition="removed", timeout=60)
         except docker.errors.NotFound:
             pass
         sandbox = pool.checkout()

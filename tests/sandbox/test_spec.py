@@ -5,11 +5,11 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from sandbox import SandboxSpec
+from sandbox import DockerSpec, SandboxSpec
 
 
 def test_defaults_are_the_hardened_configuration() -> None:
-    spec = SandboxSpec()
+    spec = DockerSpec()
     assert spec.network is False and spec.runtime == "runc" and not spec.user.startswith("0")
 
 
@@ -37,5 +37,5 @@ def test_identities_and_mounts_that_would_undo_the_isolation_are_refused(field: 
 def test_the_docker_memory_limit_leaves_memory_mb_to_processes_with_every_tmpfs_full() -> None:
     from sandbox.docker_backend import memory_limit_mb
 
-    spec = SandboxSpec(memory_mb=256, workspace_mb=256, tmp_mb=128, shm_mb=64)
+    spec = DockerSpec(memory_mb=256, workspace_mb=256, tmp_mb=128, shm_mb=64)
     assert memory_limit_mb(spec) == 256 + 256 + 128 + 64

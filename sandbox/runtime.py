@@ -1,16 +1,16 @@
-"""The Sandbox operations both backends share: each one is a request to the supervisor."""
+"""What you do in a sandbox, whatever its backend: every operation is a request to the
+supervisor over the channel its deployment handed back."""
 
 from __future__ import annotations
 
 import binascii
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import pydantic
 
-from sandbox.base import ExecResult, Sandbox, SandboxError
+from sandbox.base import ExecResult, SandboxError
 from sandbox.channel import SupervisorChannel, decode_bytes, encode_bytes
-from sandbox.spec import SandboxSpec
+from sandbox.deployment import Deployment
 from sandbox.supervisor import SOURCE
 
 PROTOCOL_VERSION = 2
@@ -25,27 +25,37 @@ FILE_OP_TIMEOUT_S = 60.0
 PING_TIMEOUT_S = 5.0
 """Limit on a liveness probe."""
 
-BASE_ENV = {"HOME": "/tmp", "LANG": "C.UTF-8"}
-"""Environment of the supervisor and so of every command: the root filesystem is read-only,
-so HOME points at the writable /tmp."""
 
+class Sandbox:
+    """One isolated workspace, started on construction; `close()` (or `with`) removes it.
+    Paths are relative to the workspace unless absolute."""
 
-class SupervisedSandbox(Sandbox):
-    """A sandbox driven by the in-sandbox supervisor; a backend supplies the byte streams."""
-
-    def __init__(self, spec: SandboxSpec, sandbox_id: str):
-        self.spec = spec
-        self.id = sandbox_id
+    def __init__(self, deployment: Deployment):
+        """Start `deployment` and wait until its supervisor answers; a failed start stops it again."""
+        self.deployment = deployment
+        """Where this sandbox lives (backend-specific handles: container id, host pid...)."""
+        self.spec = deployment.spec
+        self.id = deployment.id
         self._channel: SupervisorChannel | None = None
+        try:
+            self._channel = deployment.start()
+            self._hand_over_supervisor(deployment.start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
 
-    def _connect(self, read_chunk: Callable[[], bytes], write: Callable[[bytes], None], describe_failure: Callable[[], str], timeout_s: float) -> None:
-        """Send the supervisor's source and the channel key over fresh streams and wait until
-        it answers. The key goes before any command can run and never into argv or env."""
-        self._channel = SupervisorChannel(read_chunk, write, describe_failure)
+    def _hand_over_supervisor(self, timeout_s: float) -> None:
+        """Send the supervisor's source and the channel key and wait until it answers. The key goes
+        before any command can run and never into argv or env."""
         self._channel.send_raw(SOURCE + self._channel.key.hex().encode() + b"\n")
         protocol = self._field("ping", timeout_s, "protocol")
         if protocol != PROTOCOL_VERSION:
             raise SandboxError(f"supervisor speaks protocol {protocol}, host speaks {PROTOCOL_VERSION}")
+
+    def open_fresh(self) -> Sandbox:
+        """Start a new sandbox on the same backend with the same spec (nothing of this one's
+        workspace in it), e.g. to grade a submission where the agent's processes cannot reach."""
+        return Sandbox(self.deployment.fresh())
 
     def _request(self, op: str, reply_timeout_s: float, **params: object) -> dict[str, Any]:
         if self._channel is None:
@@ -67,6 +77,8 @@ class SupervisedSandbox(Sandbox):
             raise SandboxError(f"malformed reply to {op!r}: {exc}") from exc
 
     def exec(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+        """Run `command` with `bash -c` in its own process group under a timeout (default: the
+        spec's `default_timeout_s`)."""
         timeout_s = self.spec.default_timeout_s if timeout_s is None else timeout_s
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -89,19 +101,28 @@ class SupervisedSandbox(Sandbox):
         return self.spec.max_transfer_mb * 2**20 if max_bytes is None else max_bytes
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Return the bytes of a regular file; raises FileNotFoundError, PermissionError,
+        IsADirectoryError, OSError (not a regular file), or FileTooLarge beyond `max_bytes`
+        (default: the spec's `max_transfer_mb`)."""
         return self._bytes_field("read_file", path=path, max_bytes=self._max_bytes(max_bytes))
 
     def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
+        """Create or replace a file, creating parent directories."""
         self._request("write_file", FILE_OP_TIMEOUT_S, path=path, data=encode_bytes(content), mode=mode)
 
     def put_archive(self, tar_bytes: bytes, dest: str = ".") -> None:
+        """Extract an uncompressed tar archive under `dest`."""
         self._request("put_archive", FILE_OP_TIMEOUT_S, dest=dest, data=encode_bytes(tar_bytes))
 
     def get_archive(self, path: str = ".", max_bytes: int | None = None) -> bytes:
-        """Tar of `path`: a directory's members are relative to it, a file keeps its base name."""
+        """Return an uncompressed tar archive of `path`: a directory's members are relative to it,
+        a file keeps its base name; symlinks and FIFOs are kept as such, sockets skipped. Raises
+        ArchiveTooLarge when its files add up to more than `max_bytes` (default: the spec's
+        `max_transfer_mb`), OSError for an unreadable member."""
         return self._bytes_field("get_archive", path=path, max_bytes=self._max_bytes(max_bytes))
 
     def is_alive(self) -> bool:
+        """Cheap liveness probe: the supervisor answers."""
         if self._channel is None or not self._channel.is_open:
             return False
         try:
@@ -109,3 +130,14 @@ class SupervisedSandbox(Sandbox):
         except SandboxError:
             return False
         return True
+
+    def close(self) -> None:
+        """Stop and remove the sandbox. Idempotent."""
+        self._channel = None
+        self.deployment.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
