@@ -6,13 +6,13 @@ Nested fields use `__`: `CODING_ENV_SANDBOX__MEMORY_MB=512` sets `sandbox.memory
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from env_server.models import ErrorKind
-from sandbox.spec import SandboxSpec
+from sandbox.spec import Backend, BackendSpec, DockerSpec, backend_spec
 
 
 class HintSettings(BaseModel):
@@ -79,11 +79,12 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """Largest request body (and WebSocket frame) accepted; larger requests get 413 `body_too_large`."""
 
-    sandbox_backend: Literal["docker", "local"] = "docker"
+    sandbox_backend: Backend = "docker"
     """`docker` (hardened containers) or `local` (bubblewrap, for hosts without Docker)."""
 
-    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
-    """Image, limits and hardening of every sandbox."""
+    sandbox: BackendSpec = Field(default_factory=DockerSpec)
+    """Image, limits and hardening of every sandbox, as the spec type of `sandbox_backend`:
+    `DockerSpec` (adds image, cpus, runtime, labels) or `LocalSpec` (adds cpu_time_s, host_paths)."""
 
     pool_size: int = Field(default=4, ge=0)
     """Started sandboxes kept ready so reset does not wait for a container start."""
@@ -110,3 +111,13 @@ class ServiceSettings(BaseSettings):
 
     log_level: str = "info"
     """uvicorn log level."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sandbox_spec_of_the_backend(cls, data: Any) -> Any:
+        """`sandbox` becomes the spec type of `sandbox_backend`, so a field of the other backend
+        is refused; a `DockerSpec` or `LocalSpec` given alone sets the backend it names."""
+        if not isinstance(data, dict):
+            return data
+        spec = backend_spec(data.get("sandbox"), data.get("sandbox_backend"))
+        return {**data, "sandbox": spec, "sandbox_backend": spec.backend}
