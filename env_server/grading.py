@@ -534,7 +534,7 @@ def grade(
     what the workspace holds (reward 0, `error_kind` `grading_error`).
 
     `fresh_sandbox` opens the sandbox the checks run in (e.g. a warm pool's checkout); it is
-    closed afterwards. By default it opens one like `sandbox` with the same backend.
+    closed afterwards. By default it is `sandbox.open_fresh` (same backend and spec).
     `monitor_flags` are the episode's flags (`scan_tool_call`); the penalty applies to them too.
     Raises `SandboxError` only when the agent's sandbox is dead or no grading sandbox opens.
     """
@@ -560,7 +560,7 @@ def grade(
     except Exception as error:  # e.g. an unreadable file or a corrupt member: the workspace's doing
         return failed(f"the workspace could not be copied out ({type(error).__name__})")
     flags |= set(tamper_flags(submission, task))
-    with (fresh_sandbox or _same_kind_as(sandbox))() as grader:
+    with (fresh_sandbox or sandbox.open_fresh)() as grader:
         try:
             if task.hidden_calls:
                 verdict = _grade_calls(grader, task, submission, config)
@@ -589,8 +589,3 @@ def grade(
 def _short(error: Exception) -> str:
     """An exception's type and the start of its message, grader paths scrubbed."""
     return _GRADER_PATHS.sub("<grader>", f"{type(error).__name__}: {error}")[:160]
-
-
-def _same_kind_as(sandbox: Sandbox) -> Callable[[], Sandbox]:
-    """Opens a sandbox of the same backend and spec (backends are constructed from a spec)."""
-    return lambda: type(sandbox)(sandbox.spec)
