@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Annotated, Any, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Body, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
-from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import (
     EnvironmentMetadata,
     HealthResponse,
@@ -34,28 +29,17 @@ from openenv.core.env_server.types import (
 from pydantic import Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from env_server.environment import (
-    ACTIONS,
-    AnyAction,
-    CodingEnvironment,
-    CodingObservation,
-    CodingResetObservation,
-    CodingState,
-)
-from env_server.grading import GradingConfig, prewarm_grader
-from env_server.hints import HintGenerator
+from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
 from env_server.models import ApiError, ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated, TaskPage
+from env_server.service import Service, open_service, parse_reset, service_of
 from env_server.service_errors import ServiceError
-from env_server.sessions import Session, SessionManager
+from env_server.sessions import Session
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
 from env_server.tools import TOOLS
-from env_server.trajectories import EpisodeLog
-from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
 
-log = logging.getLogger(__name__)
 
 OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
     ApiErrorCode.INVALID_JSON: WSErrorCode.INVALID_JSON,
@@ -94,103 +78,6 @@ class StepBody(StepRequest):
     action: Annotated[AnyAction, Field(discriminator="type")]  # type: ignore[assignment]
 
 
-@dataclass
-class Service:
-    """What the routes share: settings, sessions, sandbox source, metrics."""
-
-    settings: ServiceSettings
-    sessions: SessionManager
-    metrics: ServiceMetrics
-    tasks: TaskRegistry
-    new_environment: Callable[[str | None], CodingEnvironment]
-
-    async def reset(self, session: Session, body: ResetRequestBody) -> dict[str, Any]:
-        kwargs = body.model_dump(include={"seed", "episode_id", "task_id", "task", "show_hints"}, exclude_none=True)
-        try:
-            observation = await self.sessions.run(session, lambda: session.env.reset(**kwargs))
-        except ServiceError as exc:
-            if exc.code is ApiErrorCode.SANDBOX_UNAVAILABLE:
-                self.metrics.sandbox_failures.inc()
-            raise
-        return serialize_observation(observation)
-
-    async def step(self, session: Session, action: dict[str, Any] | AnyAction, transport: str) -> dict[str, Any]:
-        parsed = parse_action(action) if isinstance(action, dict) else action
-        started = time.perf_counter()
-        observation = await self.sessions.run(session, session.env.step, parsed)
-        self.metrics.step_latency.labels(transport).observe(time.perf_counter() - started)
-        if isinstance(observation, CodingObservation):
-            self.observe_step(observation)
-        return serialize_observation(observation)
-
-    def observe_step(self, observation: CodingObservation) -> None:
-        self.metrics.steps.labels(observation.tool_name if observation.tool_name in TOOLS else "unknown").inc()
-        if observation.error_kind is not None:
-            self.metrics.error_kinds.labels(observation.error_kind.value).inc()
-            if observation.error_kind.value == "sandbox_error":
-                self.metrics.sandbox_failures.inc()
-        if not observation.done:
-            for flag in observation.metadata.get("monitor_flags", ()):
-                self.metrics.monitor_flags.labels(flag).inc()
-        if observation.done and observation.reward is not None:
-            self.metrics.episodes_graded.inc()
-            self.metrics.rewards.observe(observation.reward)
-
-
-def parse_action(action: dict[str, Any]) -> Any:
-    try:
-        return ACTIONS.validate_python(action)
-    except ValidationError as exc:
-        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid action", exc.errors(include_url=False, include_context=False)) from exc
-
-
-def parse_reset(data: dict[str, Any]) -> ResetRequestBody:
-    try:
-        return ResetRequestBody.model_validate(data)
-    except ValidationError as exc:
-        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "invalid reset request", exc.errors(include_url=False, include_context=False)) from exc
-
-
-def _sandbox_source(
-    settings: ServiceSettings, size: int, prepare: Callable[[Sandbox], Sandbox] | None = None
-) -> tuple[Callable[[], Sandbox], WarmPool | None]:
-    """Where sandboxes come from: a warm pool of `size` (none when 0), each passed through `prepare`."""
-
-    def start(spec: SandboxSpec) -> Sandbox:
-        sandbox = open_sandbox(spec, settings.sandbox_backend)
-        return prepare(sandbox) if prepare else sandbox
-
-    if size == 0:
-        return (lambda: start(settings.sandbox)), None
-    pool = WarmPool(settings.sandbox, size=size, backend=settings.sandbox_backend, start=start)
-    return pool.checkout, pool
-
-
-def _engine_probe(settings: ServiceSettings) -> Callable[[], bool]:
-    """Whether the sandbox engine answers: Docker's ping; the local backend has no engine to lose."""
-    if settings.sandbox_backend != "docker":
-        return lambda: True
-    import docker
-
-    def ping() -> bool:
-        client = docker.from_env(timeout=5)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-
-    return ping
-
-
-def _reap_orphans(settings: ServiceSettings) -> None:
-    if settings.reap_orphans_on_start and settings.sandbox_backend == "docker":
-        from sandbox.docker_backend import reap_orphans
-
-        removed = reap_orphans()
-        if removed:
-            log.warning("removed %d orphaned sandbox containers", len(removed))
-
-
 def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry | None = None) -> FastAPI:
     """The service, configured by `settings` (default: from `CODING_ENV_*`)."""
     settings = settings or ServiceSettings()
@@ -199,49 +86,9 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        executor = ThreadPoolExecutor(settings.executor_threads or settings.max_sessions + 8, thread_name_prefix="session")
-        await loop.run_in_executor(executor, _reap_orphans, settings)
-        checkout, pool = _sandbox_source(settings, settings.pool_size)
-        grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size, prewarm_grader)
-        if pool is not None:
-            metrics.track_pool(lambda: pool.ready_count)
-        hints = HintGenerator(settings.hints, list(TOOLS))
-        engine_alive = _engine_probe(settings)
-        episode_log = EpisodeLog(settings.trajectory_dir) if settings.trajectory_dir else None
-
-        def new_environment(session_id: str | None) -> CodingEnvironment:
-            return CodingEnvironment(
-                checkout=checkout,
-                grader_checkout=grader_checkout,
-                tasks=tasks,
-                hints=hints,
-                episode_log=episode_log,
-                session_id=session_id,
-                retire=lambda sandbox: executor.submit(sandbox.close),
-                grading=GradingConfig(monitor_penalty=settings.monitor_penalty),
-                infrastructure_alive=engine_alive,
-            )
-
-        sessions = SessionManager(
-            new_environment,
-            max_sessions=settings.max_sessions,
-            idle_timeout_s=settings.idle_timeout_s,
-            executor=executor,
-            on_count_change=metrics.active_sessions.set,
-        )
-        app.state.service = Service(settings, sessions, metrics, tasks, new_environment)
-        reaper = asyncio.create_task(sessions.reap_idle())
-        try:
+        async with open_service(settings, tasks, metrics) as service:
+            app.state.service = service
             yield
-        finally:
-            reaper.cancel()
-            await sessions.close_all()
-            for started in (pool, grading_pool):
-                if started is not None:
-                    await loop.run_in_executor(executor, started.close)
-            hints.close()
-            executor.shutdown(wait=True)
 
     app = FastAPI(
         title="coding-env",
@@ -258,10 +105,6 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     _add_websocket_route(app)
     _add_operations_routes(app)
     return app
-
-
-def _service(request: Request | WebSocket) -> Service:
-    return request.app.state.service
 
 
 def _error_response(exc: ServiceError) -> JSONResponse:
@@ -303,7 +146,7 @@ def _add_openenv_routes(app: FastAPI) -> None:
 
     @app.get("/metadata", response_model=EnvironmentMetadata, responses=errors(), tags=["OpenEnv"])
     async def metadata(request: Request) -> EnvironmentMetadata:
-        return _service(request).new_environment(None).get_metadata()
+        return service_of(request).new_environment(None).get_metadata()
 
     @app.get("/schema", response_model=SchemaResponse, responses=errors(), tags=["OpenEnv"])
     async def schema() -> SchemaResponse:
@@ -318,7 +161,7 @@ def _add_openenv_routes(app: FastAPI) -> None:
     async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
         """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
         Use `/sessions` or `/ws` to act on the episode."""
-        service = _service(request)
+        service = service_of(request)
         session = service.sessions.open()
         try:
             return JSONResponse(await service.reset(session, body))
@@ -329,7 +172,7 @@ def _add_openenv_routes(app: FastAPI) -> None:
     async def step(request: Request, body: StepBody) -> JSONResponse:
         """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
         a tool call answers 409 `episode_not_started`."""
-        service = _service(request)
+        service = service_of(request)
         session = service.sessions.open()
         try:
             return JSONResponse(await service.step(session, body.action, "http"))
@@ -345,35 +188,35 @@ def _add_openenv_routes(app: FastAPI) -> None:
 def _add_session_routes(app: FastAPI) -> None:
     @app.post("/sessions", response_model=SessionCreated, status_code=201, responses=errors(503), tags=["Sessions"])
     async def open_session(request: Request) -> SessionCreated:
-        return SessionCreated(session_id=_service(request).sessions.open().id)
+        return SessionCreated(session_id=service_of(request).sessions.open().id)
 
     @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["Sessions"])
     async def reset_session(
         request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
     ) -> JSONResponse:
-        service = _service(request)
+        service = service_of(request)
         return JSONResponse(await service.reset(service.sessions.get(session_id), body))
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
     async def step_session(request: Request, session_id: str, body: StepBody) -> JSONResponse:
-        service = _service(request)
+        service = service_of(request)
         return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
 
     @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
     async def session_state(request: Request, session_id: str) -> CodingState:
-        service = _service(request)
+        service = service_of(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.state)
 
     @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409, 422), tags=["Sessions"])
     async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
-        service = _service(request)
+        service = service_of(request)
         session = service.sessions.get(session_id)
         return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
 
     @app.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 422), tags=["Sessions"])
     async def close_session(request: Request, session_id: str) -> Response:
-        await _service(request).sessions.close(session_id)
+        await service_of(request).sessions.close(session_id)
         return Response(status_code=204)
 
 
@@ -425,7 +268,7 @@ def _add_mcp_route(app: FastAPI) -> None:
             rpc = JsonRpcRequest.model_validate(payload)
         except ValidationError as exc:
             return _rpc_error(JsonRpcErrorCode.INVALID_REQUEST, f"invalid request: {exc.error_count()} errors").model_dump()
-        return (await handle_rpc(_service(request), rpc)).model_dump()
+        return (await handle_rpc(service_of(request), rpc)).model_dump()
 
 
 def _ws_error(exc: ServiceError) -> str:
@@ -469,7 +312,7 @@ def _add_websocket_route(app: FastAPI) -> None:
     async def websocket_session(websocket: WebSocket) -> None:
         """One connection = one session = one sandbox, freed the moment the connection drops.
         `?session_id=` attaches to an existing (HTTP/MCP) session instead, which then outlives it."""
-        service = _service(websocket)
+        service = service_of(websocket)
         await websocket.accept()
         attach = websocket.query_params.get("session_id")
         try:
@@ -508,7 +351,7 @@ def _add_websocket_route(app: FastAPI) -> None:
 def _add_operations_routes(app: FastAPI) -> None:
     @app.get("/metrics", tags=["Operations"], response_class=Response, responses=errors())
     async def prometheus_metrics(request: Request) -> Response:
-        return Response(_service(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(service_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/tasks", response_model=TaskPage, responses=errors(404, 422), tags=["Operations"])
     async def list_tasks(
@@ -517,7 +360,7 @@ def _add_operations_routes(app: FastAPI) -> None:
         offset: int = Query(default=0, ge=0),
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> TaskPage:
-        tasks = _service(request).tasks
+        tasks = service_of(request).tasks
         try:
             ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite)
         except KeyError as exc:
