@@ -12,33 +12,29 @@
   The student's hidden states come from GRPO's own forward pass (a hook on the backbone); the
   vocabulary projection runs only at hint-site positions, for student and teacher alike.
 - DPO (trace replay): mini-batches of preference pairs, reference log-probs computed once at start.
-- Tool rounds: the environments' calls of one round of TRL's tool loop run concurrently across
-  rollouts (`concurrent_tool_calls`, decision 062); same calls, answers and hint sites as TRL's serial loop.
-  Likewise the environments' `reset`s of a batch (`concurrent_resets`).
+- Rollouts: the environments' resets and tool rounds run concurrently across rollouts; that is the
+  base class's, `ConcurrentRolloutTrainer` (`concurrent_rollouts`, decision 062).
 
-Pinned to TRL 1.16.0: `_generate`, `_generate_and_score_completions`, `_tool_call_loop` and
-`_compute_loss` are private.
+Pinned to TRL 1.16.0: the private methods overridden here (`_generate`, `_generate_and_score_completions`,
+`_compute_loss`) and every other TRL internal used are listed in decision 064.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
-from trainer_client.concurrent_resets import ConcurrentResets
-from trainer_client.concurrent_tools import ConcurrentToolRounds
+from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, ConcurrentRolloutTrainer
 from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence, turn_reports
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.preferences import PreferenceBatches, SequenceBatch, load_preference_pairs
@@ -49,8 +45,8 @@ TeacherKind = Literal["live", "ema", "base"]
 
 
 @dataclass
-class ComposerConfig(GRPOConfig):
-    """GRPOConfig plus the SDPO and DPO channels. (`beta` stays TRL's KL coefficient.)"""
+class ComposerConfig(ConcurrentRolloutConfig):
+    """GRPOConfig plus rollout concurrency and the SDPO and DPO channels. (`beta` stays TRL's KL coefficient.)"""
 
     sdpo_weight: float = field(default=0.0, metadata={"help": "alpha: weight of the SDPO loss; 0 disables it."})
     jsd_beta: float = field(
@@ -79,20 +75,6 @@ class ComposerConfig(GRPOConfig):
     dpo_pairs_path: str | None = field(default=None, metadata={"help": "Preference pairs JSONL (PreferencePair)."})
     dpo_batch_size: int = field(default=2, metadata={"help": "Pairs per DPO mini-batch (one per micro-step)."})
     dpo_max_length: int = field(default=1024, metadata={"help": "Longest pair sequence; contexts are cut on the left."})
-    concurrent_tool_calls: bool = field(
-        default=True,
-        metadata={
-            "help": "Run each tool round's environment calls for all rollouts at once (one thread per rollout) "
-            "instead of TRL's rollout after rollout; same calls, answers and hint sites."
-        },
-    )
-    concurrent_resets: bool = field(
-        default=True,
-        metadata={
-            "help": "Run the environments' `reset`s of a generation batch at once (one thread per rollout) "
-            "instead of TRL's rollout after rollout; same prompts, and the first failing rollout's error."
-        },
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,8 +130,10 @@ def check_conversational_prompts(dataset: Any) -> None:
         )
 
 
-class ComposerTrainer(GRPOTrainer):
+class ComposerTrainer(ConcurrentRolloutTrainer):
     """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
+
+    config_class: ClassVar[type[ComposerConfig]] = ComposerConfig
 
     def __init__(
         self, *args: Any, preference_pairs: Sequence[PreferencePair] | None = None, **kwargs: Any
@@ -158,11 +142,6 @@ class ComposerTrainer(GRPOTrainer):
             check_conversational_prompts(kwargs.get("train_dataset"))
         super().__init__(*args, **kwargs)
         config: ComposerConfig = self.args
-        if not isinstance(config, ComposerConfig):
-            raise TypeError("ComposerTrainer needs a ComposerConfig as `args`")
-        self._resets: ConcurrentResets | None = None
-        if config.concurrent_resets and self.environment_factories is not None:
-            self._install_concurrent_resets()
         self._hint_template = HintTemplate(self._tokenizer, chat_template=self.chat_template, role=config.hint_role)
         self._rollout_messages: list[list[dict[str, Any]]] = []
         self._ema_teacher: torch.nn.Module | None = None
@@ -191,24 +170,6 @@ class ComposerTrainer(GRPOTrainer):
                 seed=config.seed,
             )
             self._preferences.reference_logps = self._reference_logps(self._preferences)
-
-    def close_environments(self) -> None:
-        """End the service sessions of every pooled environment (they also end when collected)."""
-        for pool in getattr(self, "_environment_pool", {}).values():
-            for environment in pool:
-                close = getattr(environment, "_close", None)
-                if close is not None:
-                    close()
-
-    def _install_concurrent_resets(self) -> None:
-        """Shadow the `reset` of every pooled environment, and of those the pool will grow by."""
-        self._resets = ConcurrentResets(lambda: self.environments, multi_environment=self._multi_environment)
-        for pool in self._environment_pool.values():
-            for environment in pool:
-                self._resets.install(environment)
-        self.environment_factories = {
-            name: self._resets.installing(factory) for name, factory in self.environment_factories.items()
-        }
 
     # ----------------------------------------------------------------- model parts
 
@@ -251,30 +212,8 @@ class ComposerTrainer(GRPOTrainer):
         self._rollout_messages = result[3]  # the parsed completion messages, needed to map calls to turns
         return result
 
-    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
-        if not (self.args.concurrent_tool_calls and self.environments):
-            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
-        serial_tools = self._sync_tool_dicts
-        environment_tools = [
-            {name: tool for name, tool in tools.items() if getattr(tool, "__self__", None) is environment}
-            for tools, environment in zip(serial_tools, self.environments, strict=True)
-        ]
-        with ThreadPoolExecutor(max_workers=len(completions), thread_name_prefix="tool-round") as executor:
-            rounds = ConcurrentToolRounds(completions, environment_tools, executor)
-            self._sync_tool_dicts = [{**tools, **rounds.stand_ins(i)} for i, tools in enumerate(serial_tools)]
-            try:
-                result = super()._tool_call_loop(
-                    prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
-                )
-            finally:
-                self._sync_tool_dicts = serial_tools
-        if rounds.error is not None:
-            raise rounds.error
-        return result
-
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        with self._resets.batch(inputs) if self._resets is not None else contextlib.nullcontext():
-            output = super()._generate_and_score_completions(inputs)
+        output = super()._generate_and_score_completions(inputs)
         if not self.environments:
             return output
         hint_sites = self._rollout_hint_sites(output)

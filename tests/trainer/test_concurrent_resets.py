@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainer_client.concurrent_resets import ConcurrentResets, ResetOutOfStep
+from trainer_client.concurrent_rollouts import ConcurrentResets, ResetOutOfStep
 
 
 class Environment:
