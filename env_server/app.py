@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Body, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
 from openenv.core.env_server.types import (
@@ -27,12 +26,12 @@ from openenv.core.env_server.types import (
     WSErrorCode,
 )
 from pydantic import Field, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
+from env_server.http_errors import BODY_ERRORS, add_error_handlers, errors
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
-from env_server.models import ApiError, ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated, TaskPage
+from env_server.models import ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated, TaskPage
 from env_server.service import Service, open_service, parse_reset, service_of
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session
@@ -48,28 +47,6 @@ OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
     ApiErrorCode.SESSION_NOT_FOUND: WSErrorCode.SESSION_ERROR,
 }
 """Our refusal codes as OpenEnv's WebSocket error codes (the rest are EXECUTION_ERROR)."""
-
-ERROR_MEANINGS: dict[int, str] = {
-    400: "`invalid_json`: the body is not JSON.",
-    401: "`unauthorized`: a token is configured and the request lacks it.",
-    404: "`session_not_found` / `task_not_found` / `not_found`.",
-    409: "`episode_not_started` (no reset yet) or `episode_done` (reset to play again).",
-    413: "`body_too_large`: the body exceeds `max_body_bytes`.",
-    422: "`invalid_request`: the body does not match the schema (an inline task spec included).",
-    500: "`internal_error`: a bug; the connection stays usable.",
-    503: "`capacity_reached` (session cap) or `sandbox_unavailable` (no sandbox could be started).",
-}
-
-
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for the refusals a route can answer (every route may also answer 401
-    when a token is configured, and 500)."""
-    return {status: {"model": ApiError, "description": ERROR_MEANINGS[status]} for status in sorted({*statuses, 401, 500})}
-
-
-BODY_ERRORS = (400, 413, 422)
-"""What any route with a JSON body can be refused with before it runs."""
-
 
 class StepBody(StepRequest):
     """Body of `POST /step` and `POST /sessions/{id}/step`: OpenEnv's `StepRequest` whose
@@ -98,41 +75,13 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     )
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
-    _add_error_handlers(app)
+    add_error_handlers(app)
     _add_openenv_routes(app)
     _add_session_routes(app)
     _add_mcp_route(app)
     _add_websocket_route(app)
     _add_operations_routes(app)
     return app
-
-
-def _error_response(exc: ServiceError) -> JSONResponse:
-    return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return _error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return _error_response(ServiceError(ApiErrorCode.INVALID_JSON, "request body is not valid JSON"))
-        detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
-        first = errors[0] if errors else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"request does not match the schema: {where or 'body'}: {first.get('msg', 'invalid')}"
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more)"
-        return _error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, message, detail))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: ApiErrorCode.NOT_FOUND, 405: ApiErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ApiErrorCode.INVALID_REQUEST)
-        return JSONResponse(ApiError(code=code, message=str(exc.detail)).model_dump(mode="json"), status_code=exc.status_code)
 
 
 # Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
