@@ -4,6 +4,10 @@ Two transports speak the same protocol: `http` (the stateful `/sessions` routes)
 (OpenEnv's WebSocket, one connection = one session). Connecting retries with exponential backoff;
 a full service (503) raises `CapacityError` and a refused token (401) `AuthError` at once, since
 waiting would not change either. Leaving the `with` block closes the session (and its sandbox).
+
+Everything but the I/O is written once, in `_SessionCore`: the requests of both transports, the
+parsing of replies into typed results or errors, and the retry policy. The two clients are thin
+shells around it that send, receive and wait, each in its own style.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -77,16 +82,7 @@ class StepResult(BaseModel):
     done: bool = False
 
 
-# ------------------------------------------------------------------ protocol (transport-independent)
-
-
-def _headers(settings: ClientSettings) -> dict[str, str]:
-    return {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
-
-
-def _ws_url(settings: ClientSettings) -> str:
-    root = settings.base_url.rstrip("/")
-    return ("wss://" + root[len("https://") :] if root.startswith("https://") else "ws://" + root.split("://", 1)[-1]) + "/ws"
+# ------------------------------------------------------------------ the core (no I/O)
 
 
 def _refusal(status: int | None, body: Any) -> ServiceError:
@@ -114,18 +110,6 @@ def _ws_payload(raw: str | bytes) -> dict[str, Any]:
     return frame.get("data", {})
 
 
-def _reset_body(settings: ClientSettings, task_id: str | None, seed: int | None, task: dict | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"show_hints": settings.show_hints}
-    for key, value in (("task_id", task_id), ("seed", seed), ("task", task)):
-        if value is not None:
-            body[key] = value
-    return body
-
-
-def _step_action(tool_name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
-    return {"type": "call_tool", "tool_name": tool_name, "arguments": arguments}
-
-
 def _reset_info(payload: dict[str, Any]) -> ResetInfo:
     return ResetInfo.model_validate(payload["observation"])
 
@@ -150,10 +134,6 @@ def _function_schemas(rpc_reply: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-_LIST_TOOLS = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-_CONNECT_ERRORS = (httpx.TransportError, OSError, websockets.exceptions.InvalidHandshake)
-
-
 def _handshake_refusal(error: Exception) -> ServiceError | None:
     response = getattr(error, "response", None)
     if response is not None and getattr(response, "status_code", None) in (401, 503):
@@ -161,17 +141,83 @@ def _handshake_refusal(error: Exception) -> ServiceError | None:
     return None
 
 
-# ------------------------------------------------------------------ sync
+_LIST_TOOLS = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+_CONNECT_ERRORS = (httpx.TransportError, OSError, websockets.exceptions.InvalidHandshake)
 
 
-class CodingEnvClient:
+@dataclass(frozen=True)
+class _Request:
+    """One session request, in the form of either transport."""
+
+    kind: Literal["reset", "step"]
+    data: dict[str, Any]
+
+    def ws_frame(self) -> str:
+        return json.dumps({"type": self.kind, "data": self.data})
+
+    def http_path(self, session_id: str) -> str:
+        return f"/sessions/{session_id}/{self.kind}"
+
+    def http_body(self) -> dict[str, Any]:
+        return {"action": self.data} if self.kind == "step" else self.data
+
+
+class _SessionCore:
+    """What both clients share: the settings, the session's handle, the requests they send and
+    when to retry a connection. The subclasses add the I/O."""
+
+    def __init__(self, settings: ClientSettings | None) -> None:
+        self.settings = settings or ClientSettings()
+        self._session_id: str | None = None
+        """The `/sessions` id (http transport), once opened."""
+        self._ws: Any = None
+        """The WebSocket connection (ws transport), once opened."""
+
+    @property
+    def _opened(self) -> bool:
+        return self._ws is not None or self._session_id is not None
+
+    def _http_options(self) -> dict[str, Any]:
+        return {"base_url": self.settings.base_url, "headers": self._headers(), "timeout": self.settings.timeout_s}
+
+    def _ws_options(self) -> dict[str, Any]:
+        root = self.settings.base_url.rstrip("/")
+        url = "wss://" + root[len("https://") :] if root.startswith("https://") else "ws://" + root.split("://", 1)[-1]
+        return {"uri": url + "/ws", "additional_headers": self._headers(), "open_timeout": self.settings.timeout_s, "max_size": None}
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.settings.api_token}"} if self.settings.api_token else {}
+
+    def _reset_request(self, task_id: str | None, seed: int | None, task: dict[str, Any] | None) -> _Request:
+        body: dict[str, Any] = {"show_hints": self.settings.show_hints}
+        for key, value in (("task_id", task_id), ("seed", seed), ("task", task)):
+            if value is not None:
+                body[key] = value
+        return _Request("reset", body)
+
+    @staticmethod
+    def _step_request(tool_name: str, arguments: dict[str, Any] | str | None) -> _Request:
+        return _Request("step", {"type": "call_tool", "tool_name": tool_name, "arguments": arguments or {}})
+
+    def _wait_after_failure(self, error: Exception, attempt: int) -> float:
+        """Seconds to wait after connection attempt `attempt` (from 0) failed with `error`; raises
+        instead when waiting cannot help: a refused handshake, or the last attempt."""
+        if (refusal := _handshake_refusal(error)) is not None:
+            raise refusal from error
+        if attempt + 1 == self.settings.connect_attempts:
+            raise ServiceError("unreachable", f"{self.settings.base_url}: {error}") from error
+        return self.settings.backoff_s * 2**attempt
+
+
+# ------------------------------------------------------------------ the shells
+
+
+class CodingEnvClient(_SessionCore):
     """One session of the service (sync). Use as a context manager, or call `close()`."""
 
     def __init__(self, settings: ClientSettings | None = None) -> None:
-        self.settings = settings or ClientSettings()
-        self._http = httpx.Client(base_url=self.settings.base_url, headers=_headers(self.settings), timeout=self.settings.timeout_s)
-        self._session_id: str | None = None
-        self._ws: Any = None
+        super().__init__(settings)
+        self._http = httpx.Client(**self._http_options())
         self._ws_stack = contextlib.ExitStack()
 
     def __enter__(self) -> CodingEnvClient:
@@ -184,41 +230,13 @@ class CodingEnvClient:
         """The service's tools as OpenAI function schemas (needs no session)."""
         return _function_schemas(_http_payload(self._http.post("/mcp", json=_LIST_TOOLS)))
 
-    def _open(self) -> None:
-        delay = self.settings.backoff_s
-        for attempt in range(self.settings.connect_attempts):
-            try:
-                if self.settings.transport == "ws":
-                    self._ws = self._ws_stack.enter_context(
-                        ws_connect(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
-                    )
-                else:
-                    self._session_id = _http_payload(self._http.post("/sessions"))["session_id"]
-                return
-            except _CONNECT_ERRORS as error:
-                if (refusal := _handshake_refusal(error)) is not None:
-                    raise refusal from error
-                if attempt + 1 == self.settings.connect_attempts:
-                    raise ServiceError("unreachable", f"{self.settings.base_url}: {error}") from error
-                time.sleep(delay)  # backoff before the next connection attempt
-                delay *= 2
-
-    def _call(self, ws_type: str, data: dict[str, Any], http_path: str) -> dict[str, Any]:
-        if self._ws is None and self._session_id is None:
-            self._open()
-        if self._ws is not None:
-            self._ws.send(json.dumps({"type": ws_type, "data": data}))
-            return _ws_payload(self._ws.recv(timeout=self.settings.timeout_s))
-        body = {"action": data} if ws_type == "step" else data
-        return _http_payload(self._http.post(f"/sessions/{self._session_id}/{http_path}", json=body))
-
     def reset(self, task_id: str | None = None, *, seed: int | None = None, task: dict[str, Any] | None = None) -> ResetInfo:
         """Start an episode on a registered task (`task_id`), an inline spec (`task`), or a seeded pick."""
-        return _reset_info(self._call("reset", _reset_body(self.settings, task_id, seed, task), "reset"))
+        return _reset_info(self._send(self._reset_request(task_id, seed, task)))
 
     def step(self, tool_name: str, arguments: dict[str, Any] | str | None = None) -> StepResult:
         """Call one tool; `arguments` may be the model's raw JSON text."""
-        return _step_result(self._call("step", _step_action(tool_name, arguments or {}), "step"))
+        return _step_result(self._send(self._step_request(tool_name, arguments)))
 
     def close(self) -> None:
         """End the session (frees its sandbox); safe to call twice."""
@@ -233,18 +251,32 @@ class CodingEnvClient:
             self._ws = self._session_id = None
             self._http.close()
 
+    def _send(self, request: _Request) -> dict[str, Any]:
+        if not self._opened:
+            self._open()
+        if self._ws is not None:
+            self._ws.send(request.ws_frame())
+            return _ws_payload(self._ws.recv(timeout=self.settings.timeout_s))
+        return _http_payload(self._http.post(request.http_path(self._session_id), json=request.http_body()))
 
-# ------------------------------------------------------------------ async
+    def _open(self) -> None:
+        for attempt in range(self.settings.connect_attempts):
+            try:
+                if self.settings.transport == "ws":
+                    self._ws = self._ws_stack.enter_context(ws_connect(**self._ws_options()))
+                else:
+                    self._session_id = _http_payload(self._http.post("/sessions"))["session_id"]
+                return
+            except _CONNECT_ERRORS as error:
+                time.sleep(self._wait_after_failure(error, attempt))  # backoff before the next connection attempt
 
 
-class AsyncCodingEnvClient:
+class AsyncCodingEnvClient(_SessionCore):
     """One session of the service (asyncio). Use with `async with`, or await `close()`."""
 
     def __init__(self, settings: ClientSettings | None = None) -> None:
-        self.settings = settings or ClientSettings()
-        self._http = httpx.AsyncClient(base_url=self.settings.base_url, headers=_headers(self.settings), timeout=self.settings.timeout_s)
-        self._session_id: str | None = None
-        self._ws: Any = None
+        super().__init__(settings)
+        self._http = httpx.AsyncClient(**self._http_options())
         self._ws_stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> AsyncCodingEnvClient:
@@ -257,41 +289,13 @@ class AsyncCodingEnvClient:
         """The service's tools as OpenAI function schemas (needs no session)."""
         return _function_schemas(_http_payload(await self._http.post("/mcp", json=_LIST_TOOLS)))
 
-    async def _open(self) -> None:
-        delay = self.settings.backoff_s
-        for attempt in range(self.settings.connect_attempts):
-            try:
-                if self.settings.transport == "ws":
-                    self._ws = await self._ws_stack.enter_async_context(
-                        ws_connect_async(_ws_url(self.settings), additional_headers=_headers(self.settings), open_timeout=self.settings.timeout_s, max_size=None)
-                    )
-                else:
-                    self._session_id = _http_payload(await self._http.post("/sessions"))["session_id"]
-                return
-            except _CONNECT_ERRORS as error:
-                if (refusal := _handshake_refusal(error)) is not None:
-                    raise refusal from error
-                if attempt + 1 == self.settings.connect_attempts:
-                    raise ServiceError("unreachable", f"{self.settings.base_url}: {error}") from error
-                await asyncio.sleep(delay)  # backoff before the next connection attempt
-                delay *= 2
-
-    async def _call(self, ws_type: str, data: dict[str, Any], http_path: str) -> dict[str, Any]:
-        if self._ws is None and self._session_id is None:
-            await self._open()
-        if self._ws is not None:
-            await self._ws.send(json.dumps({"type": ws_type, "data": data}))
-            return _ws_payload(await asyncio.wait_for(self._ws.recv(), self.settings.timeout_s))
-        body = {"action": data} if ws_type == "step" else data
-        return _http_payload(await self._http.post(f"/sessions/{self._session_id}/{http_path}", json=body))
-
     async def reset(self, task_id: str | None = None, *, seed: int | None = None, task: dict[str, Any] | None = None) -> ResetInfo:
         """Start an episode on a registered task (`task_id`), an inline spec (`task`), or a seeded pick."""
-        return _reset_info(await self._call("reset", _reset_body(self.settings, task_id, seed, task), "reset"))
+        return _reset_info(await self._send(self._reset_request(task_id, seed, task)))
 
     async def step(self, tool_name: str, arguments: dict[str, Any] | str | None = None) -> StepResult:
         """Call one tool; `arguments` may be the model's raw JSON text."""
-        return _step_result(await self._call("step", _step_action(tool_name, arguments or {}), "step"))
+        return _step_result(await self._send(self._step_request(tool_name, arguments)))
 
     async def close(self) -> None:
         """End the session (frees its sandbox); safe to call twice."""
@@ -305,3 +309,22 @@ class AsyncCodingEnvClient:
         finally:
             self._ws = self._session_id = None
             await self._http.aclose()
+
+    async def _send(self, request: _Request) -> dict[str, Any]:
+        if not self._opened:
+            await self._open()
+        if self._ws is not None:
+            await self._ws.send(request.ws_frame())
+            return _ws_payload(await asyncio.wait_for(self._ws.recv(), self.settings.timeout_s))
+        return _http_payload(await self._http.post(request.http_path(self._session_id), json=request.http_body()))
+
+    async def _open(self) -> None:
+        for attempt in range(self.settings.connect_attempts):
+            try:
+                if self.settings.transport == "ws":
+                    self._ws = await self._ws_stack.enter_async_context(ws_connect_async(**self._ws_options()))
+                else:
+                    self._session_id = _http_payload(await self._http.post("/sessions"))["session_id"]
+                return
+            except _CONNECT_ERRORS as error:
+                await asyncio.sleep(self._wait_after_failure(error, attempt))  # backoff before the next connection attempt
