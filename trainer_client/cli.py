@@ -42,6 +42,10 @@ class TrainRunConfig(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict)
     """`ComposerConfig` fields (TRL GRPOConfig + `sdpo_weight` (alpha), `dpo_weight` (beta), ...)."""
 
+    save_final_model: bool = True
+    """Save the trained model to `output_dir` at the end. TRL's `save_strategy` only governs
+    intermediate checkpoints; set this false for smoke and benchmark runs (SmolLM2 is 517 MB)."""
+
 
 def load_run_config(path: Path) -> TrainRunConfig:
     with open(path, encoding="utf-8") as handle:
@@ -79,7 +83,8 @@ def train(args: argparse.Namespace) -> int:
     )
     try:
         trainer.train()
-        trainer.save_model(config.output_dir)
+        if run.save_final_model:
+            trainer.save_model(config.output_dir)
     finally:
         trainer.close_environments()
     return 0

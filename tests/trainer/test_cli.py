@@ -32,12 +32,14 @@ def test_unknown_config_keys_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_cpu_smoke_config_trains_one_step(service_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("save_final_model", [True, False])
+def test_cpu_smoke_config_trains_one_step(service_url: str, tmp_path: Path, save_final_model: bool) -> None:
     smoke = yaml.safe_load(next(p for p in CONFIGS if p.name == "cpu_smoke.yaml").read_text())
+    smoke["save_final_model"] = save_final_model
     smoke["environment"]["api_token"] = SERVICE_TOKEN
     smoke["trainer"]["output_dir"] = str(tmp_path / "run")
     smoke["trainer"]["max_completion_length"] = 32
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(smoke))
     assert main(["train", "--config", str(path), "--env-url", service_url, "--max-steps", "1"]) == 0
-    assert (tmp_path / "run" / "config.json").exists()
+    assert (tmp_path / "run" / "config.json").exists() is save_final_model
