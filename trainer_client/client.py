@@ -28,7 +28,7 @@ from websockets.sync.client import connect as ws_connect
 from env_server.models import ApiErrorCode, ResetInfo, ToolResult
 
 
-class ServiceError(RuntimeError):
+class ClientError(RuntimeError):
     """The service refused a request; `code` says why (`ApiErrorCode` value, or a transport failure)."""
 
     def __init__(self, code: str, message: str, status: int | None = None) -> None:
@@ -37,11 +37,11 @@ class ServiceError(RuntimeError):
         self.status = status
 
 
-class CapacityError(ServiceError):
+class CapacityError(ClientError):
     """The service is at its session limit (HTTP 503); retry later or raise its `max_sessions`."""
 
 
-class AuthError(ServiceError):
+class AuthError(ClientError):
     """The service wants a valid bearer token (HTTP 401): set `api_token` (CODING_ENV_API_TOKEN on the server)."""
 
 
@@ -85,7 +85,7 @@ class StepResult(BaseModel):
 # ------------------------------------------------------------------ the core (no I/O)
 
 
-def _refusal(status: int | None, body: Any) -> ServiceError:
+def _refusal(status: int | None, body: Any) -> ClientError:
     error = body.get("error", body) if isinstance(body, dict) else {}
     code = str(error.get("code", "http_error")) if isinstance(error, dict) else "http_error"
     message = str(error.get("message", body)) if isinstance(error, dict) else str(body)
@@ -93,7 +93,7 @@ def _refusal(status: int | None, body: Any) -> ServiceError:
         return CapacityError(code, message, status)
     if status == 401 or code == ApiErrorCode.UNAUTHORIZED.value:
         return AuthError(code, message, status)
-    return ServiceError(code, message, status)
+    return ClientError(code, message, status)
 
 
 def _http_payload(response: httpx.Response) -> Any:
@@ -127,14 +127,14 @@ def _step_result(payload: dict[str, Any]) -> StepResult:
 def _function_schemas(rpc_reply: dict[str, Any]) -> list[dict[str, Any]]:
     """MCP `tools/list` entries as OpenAI function schemas (what chat templates and TRL use)."""
     if rpc_reply.get("error"):
-        raise ServiceError("mcp_error", str(rpc_reply["error"]))
+        raise ClientError("mcp_error", str(rpc_reply["error"]))
     return [
         {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["inputSchema"]}}
         for t in rpc_reply["result"]["tools"]
     ]
 
 
-def _handshake_refusal(error: Exception) -> ServiceError | None:
+def _handshake_refusal(error: Exception) -> ClientError | None:
     response = getattr(error, "response", None)
     if response is not None and getattr(response, "status_code", None) in (401, 503):
         return _refusal(response.status_code, {"message": "WebSocket handshake refused"})
@@ -205,7 +205,7 @@ class _SessionCore:
         if (refusal := _handshake_refusal(error)) is not None:
             raise refusal from error
         if attempt + 1 == self.settings.connect_attempts:
-            raise ServiceError("unreachable", f"{self.settings.base_url}: {error}") from error
+            raise ClientError("unreachable", f"{self.settings.base_url}: {error}") from error
         return self.settings.backoff_s * 2**attempt
 
 

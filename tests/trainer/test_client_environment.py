@@ -10,7 +10,7 @@ from transformers.utils import get_json_schema
 
 from env_server.models import ErrorKind
 from tests.trainer.conftest import SERVICE_TOKEN
-from trainer_client.client import AsyncCodingEnvClient, AuthError, CapacityError, ClientSettings, CodingEnvClient, ServiceError
+from trainer_client.client import AsyncCodingEnvClient, AuthError, CapacityError, ClientSettings, CodingEnvClient, ClientError
 from trainer_client.environment import EPISODE_OVER, environment_class, environment_factory
 
 pytestmark = pytest.mark.docker
@@ -66,7 +66,7 @@ def test_full_service_is_a_capacity_error(service_url: str) -> None:
 
 
 def test_unreachable_service_fails_after_retries() -> None:
-    with pytest.raises(ServiceError, match="unreachable"), CodingEnvClient(
+    with pytest.raises(ClientError, match="unreachable"), CodingEnvClient(
         ClientSettings(base_url="http://127.0.0.1:9", connect_attempts=2, backoff_s=0.01)
     ) as client:
         client.reset("builtin/fizzbuzz")
