@@ -10,7 +10,7 @@ from transformers.utils import get_json_schema
 
 from env_server.models import ErrorKind
 from tests.trainer.conftest import SERVICE_TOKEN
-from trainer_client.client import AsyncCodingEnvClient, AuthError, CapacityError, ClientSettings, CodingEnvClient, ClientError
+from trainer_client.client import AsyncCodingEnvClient, AuthError, CapacityError, ClientError, ClientSettings, CodingEnvClient
 from trainer_client.environment import EPISODE_OVER, environment_class, environment_factory
 
 pytestmark = pytest.mark.docker
