@@ -7,31 +7,23 @@ Why the routes are ours rather than `openenv.create_app`'s: docs/decisions/020-o
 
 from __future__ import annotations
 
-import asyncio
 import json
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
-from fastapi import Body, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi import Body, FastAPI, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
-from openenv.core.env_server.types import (
-    EnvironmentMetadata,
-    HealthResponse,
-    HealthStatus,
-    ResetResponse,
-    SchemaResponse,
-    StepRequest,
-    StepResponse,
-    WSErrorCode,
-)
-from pydantic import Field, ValidationError
+from openenv.core.env_server.types import ResetResponse, StepResponse, WSErrorCode
+from pydantic import ValidationError
 
-from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
+from env_server.environment import CodingState
 from env_server.http_errors import BODY_ERRORS, add_error_handlers, errors
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
-from env_server.models import ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated, TaskPage
+from env_server.models import ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated
+from env_server.routes import http
+from env_server.routes.http import StepBody
 from env_server.service import Service, open_service, parse_reset, service_of
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session
@@ -47,13 +39,6 @@ OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
     ApiErrorCode.SESSION_NOT_FOUND: WSErrorCode.SESSION_ERROR,
 }
 """Our refusal codes as OpenEnv's WebSocket error codes (the rest are EXECUTION_ERROR)."""
-
-class StepBody(StepRequest):
-    """Body of `POST /step` and `POST /sessions/{id}/step`: OpenEnv's `StepRequest` whose
-    `action` is one of the action types (a union on `type`), so the schema says what is accepted."""
-
-    action: Annotated[AnyAction, Field(discriminator="type")]  # type: ignore[assignment]
-
 
 def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry | None = None) -> FastAPI:
     """The service, configured by `settings` (default: from `CODING_ENV_*`)."""
@@ -76,62 +61,11 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
     add_error_handlers(app)
-    _add_openenv_routes(app)
+    app.include_router(http.router)
     _add_session_routes(app)
     _add_mcp_route(app)
     _add_websocket_route(app)
-    _add_operations_routes(app)
     return app
-
-
-# Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
-# `response_model` documents the shape, without FastAPI validating the dict a second time.
-
-
-def _add_openenv_routes(app: FastAPI) -> None:
-    @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
-    async def health() -> HealthResponse:
-        return HealthResponse(status=HealthStatus.HEALTHY)
-
-    @app.get("/metadata", response_model=EnvironmentMetadata, responses=errors(), tags=["OpenEnv"])
-    async def metadata(request: Request) -> EnvironmentMetadata:
-        return service_of(request).new_environment(None).get_metadata()
-
-    @app.get("/schema", response_model=SchemaResponse, responses=errors(), tags=["OpenEnv"])
-    async def schema() -> SchemaResponse:
-        return SchemaResponse(
-            action=ACTIONS.json_schema(),
-            observation=CodingObservation.model_json_schema(),
-            reset_observation=CodingResetObservation.model_json_schema(),
-            state=CodingState.model_json_schema(),
-        )
-
-    @app.post("/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["OpenEnv"])
-    async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
-        """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
-        Use `/sessions` or `/ws` to act on the episode."""
-        service = service_of(request)
-        session = service.sessions.open()
-        try:
-            return JSONResponse(await service.reset(session, body))
-        finally:
-            await service.sessions.close(session.id)
-
-    @app.post("/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 409, 503), tags=["OpenEnv"])
-    async def step(request: Request, body: StepBody) -> JSONResponse:
-        """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
-        a tool call answers 409 `episode_not_started`."""
-        service = service_of(request)
-        session = service.sessions.open()
-        try:
-            return JSONResponse(await service.step(session, body.action, "http"))
-        finally:
-            await service.sessions.close(session.id)
-
-    @app.get("/state", response_model=CodingState, responses=errors(), tags=["OpenEnv"])
-    async def state() -> CodingState:
-        """Stateless state (a fresh environment's): sessions have their own `/sessions/{id}/state`."""
-        return CodingState()
 
 
 def _add_session_routes(app: FastAPI) -> None:
@@ -295,23 +229,3 @@ def _add_websocket_route(app: FastAPI) -> None:
             await websocket.close()
         except RuntimeError:
             pass  # the client has gone
-
-
-def _add_operations_routes(app: FastAPI) -> None:
-    @app.get("/metrics", tags=["Operations"], response_class=Response, responses=errors())
-    async def prometheus_metrics(request: Request) -> Response:
-        return Response(service_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.get("/tasks", response_model=TaskPage, responses=errors(404, 422), tags=["Operations"])
-    async def list_tasks(
-        request: Request,
-        suite: str | None = Query(default=None, description="Only this suite's tasks."),
-        offset: int = Query(default=0, ge=0),
-        limit: int = Query(default=100, ge=1, le=1000),
-    ) -> TaskPage:
-        tasks = service_of(request).tasks
-        try:
-            ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite)
-        except KeyError as exc:
-            raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
-        return TaskPage(task_ids=ids[offset : offset + limit], total=len(ids), offset=offset, limit=limit)

@@ -1,0 +1,109 @@
+"""OpenEnv's stateless HTTP routes (`/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state`)
+and the operations routes (`/metrics`, `/tasks`).
+
+Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
+`response_model` documents the shape, without FastAPI validating the dict a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.types import (
+    EnvironmentMetadata,
+    HealthResponse,
+    HealthStatus,
+    ResetResponse,
+    SchemaResponse,
+    StepRequest,
+    StepResponse,
+)
+from pydantic import Field
+
+from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
+from env_server.http_errors import BODY_ERRORS, errors
+from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage
+from env_server.service import service_of
+from env_server.service_errors import ServiceError
+
+router = APIRouter()
+
+
+class StepBody(StepRequest):
+    """Body of `POST /step` and `POST /sessions/{id}/step`: OpenEnv's `StepRequest` whose
+    `action` is one of the action types (a union on `type`), so the schema says what is accepted."""
+
+    action: Annotated[AnyAction, Field(discriminator="type")]  # type: ignore[assignment]
+
+
+@router.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
+async def health() -> HealthResponse:
+    return HealthResponse(status=HealthStatus.HEALTHY)
+
+
+@router.get("/metadata", response_model=EnvironmentMetadata, responses=errors(), tags=["OpenEnv"])
+async def metadata(request: Request) -> EnvironmentMetadata:
+    return service_of(request).new_environment(None).get_metadata()
+
+
+@router.get("/schema", response_model=SchemaResponse, responses=errors(), tags=["OpenEnv"])
+async def schema() -> SchemaResponse:
+    return SchemaResponse(
+        action=ACTIONS.json_schema(),
+        observation=CodingObservation.model_json_schema(),
+        reset_observation=CodingResetObservation.model_json_schema(),
+        state=CodingState.model_json_schema(),
+    )
+
+
+@router.post("/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["OpenEnv"])
+async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
+    """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
+    Use `/sessions` or `/ws` to act on the episode."""
+    service = service_of(request)
+    session = service.sessions.open()
+    try:
+        return JSONResponse(await service.reset(session, body))
+    finally:
+        await service.sessions.close(session.id)
+
+
+@router.post("/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 409, 503), tags=["OpenEnv"])
+async def step(request: Request, body: StepBody) -> JSONResponse:
+    """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
+    a tool call answers 409 `episode_not_started`."""
+    service = service_of(request)
+    session = service.sessions.open()
+    try:
+        return JSONResponse(await service.step(session, body.action, "http"))
+    finally:
+        await service.sessions.close(session.id)
+
+
+@router.get("/state", response_model=CodingState, responses=errors(), tags=["OpenEnv"])
+async def state() -> CodingState:
+    """Stateless state (a fresh environment's): sessions have their own `/sessions/{id}/state`."""
+    return CodingState()
+
+
+@router.get("/metrics", tags=["Operations"], response_class=Response, responses=errors())
+async def prometheus_metrics(request: Request) -> Response:
+    return Response(service_of(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/tasks", response_model=TaskPage, responses=errors(404, 422), tags=["Operations"])
+async def list_tasks(
+    request: Request,
+    suite: str | None = Query(default=None, description="Only this suite's tasks."),
+    offset: int = Query(default=0, ge=0),
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> TaskPage:
+    tasks = service_of(request).tasks
+    try:
+        ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite)
+    except KeyError as exc:
+        raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
+    return TaskPage(task_ids=ids[offset : offset + limit], total=len(ids), offset=offset, limit=limit)
