@@ -3,7 +3,10 @@ no answer the OpenAPI schema does not document."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance, status_code_conformance
@@ -16,25 +19,51 @@ def _assert_refused(response: httpx.Response, status: int, code: str) -> None:
     assert response.json()["code"] == code
 
 
-def test_bad_requests_get_typed_4xx_and_the_service_keeps_serving(client: httpx.Client, session: HttpSession) -> None:
-    _assert_refused(client.post(f"/sessions/{session.id}/step", content=b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json")
-    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": "bash ls"}), 422, "invalid_request")
-    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": {"type": "fly"}}), 422, "invalid_request")
-    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"seed": "zero"}), 422, "invalid_request")
-    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"task": {"prompt": "no id"}}), 422, "invalid_request")
-    _assert_refused(client.post(f"/sessions/{session.id}/reset", json={"task_id": "nope/nothing"}), 404, "task_not_found")
-    _assert_refused(client.get("/no/such/route"), 404, "not_found")
-    _assert_refused(client.put("/sessions"), 405, "method_not_allowed")
-    _assert_refused(client.post("/sessions/unknown-session/step", json={"action": {"type": "list_tools"}}), 404, "session_not_found")
-    _assert_refused(client.delete("/sessions/unknown-session"), 404, "session_not_found")
-    _assert_refused(session.client.post(f"/sessions/{session.id}/step", json={"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "ls"}}}), 409, "episode_not_started")
-    _assert_refused(client.post("/step", json={"action": {"type": "call_tool", "tool_name": "bash"}}), 409, "episode_not_started")
+@dataclass(frozen=True)
+class BadRequest:
+    """A request the service must refuse with `status` and the typed `code`."""
 
+    method: str
+    path: str
+    """`{session}` stands for the id of a live session that has not been reset."""
+    status: int
+    code: str
+    json: object = None
+    content: bytes | None = None
+
+
+BASH_LS = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "ls"}}
+
+BAD_REQUESTS = {
+    "body that is not JSON": BadRequest("POST", "/sessions/{session}/step", 400, "invalid_json", content=b"{not json"),
+    "action that is a string": BadRequest("POST", "/sessions/{session}/step", 422, "invalid_request", json={"action": "bash ls"}),
+    "unknown action type": BadRequest("POST", "/sessions/{session}/step", 422, "invalid_request", json={"action": {"type": "fly"}}),
+    "seed that is not a number": BadRequest("POST", "/sessions/{session}/reset", 422, "invalid_request", json={"seed": "zero"}),
+    "inline task without an id": BadRequest("POST", "/sessions/{session}/reset", 422, "invalid_request", json={"task": {"prompt": "no id"}}),
+    "unknown task id": BadRequest("POST", "/sessions/{session}/reset", 404, "task_not_found", json={"task_id": "nope/nothing"}),
+    "unknown route": BadRequest("GET", "/no/such/route", 404, "not_found"),
+    "wrong method": BadRequest("PUT", "/sessions", 405, "method_not_allowed"),
+    "step in an unknown session": BadRequest("POST", "/sessions/unknown-session/step", 404, "session_not_found", json={"action": {"type": "list_tools"}}),
+    "delete of an unknown session": BadRequest("DELETE", "/sessions/unknown-session", 404, "session_not_found"),
+    "tool call before the session is reset": BadRequest("POST", "/sessions/{session}/step", 409, "episode_not_started", json={"action": BASH_LS}),
+    "OpenEnv step before any reset": BadRequest(
+        "POST", "/step", 409, "episode_not_started", json={"action": {"type": "call_tool", "tool_name": "bash"}}
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_a_bad_request_gets_a_typed_4xx_and_the_service_keeps_serving(client: httpx.Client, session: HttpSession, bad: BadRequest) -> None:
+    headers = {"content-type": "application/json"} if bad.content is not None else None
+    path = bad.path.format(session=session.id)
+    _assert_refused(client.request(bad.method, path, json=bad.json, content=bad.content, headers=headers), bad.status, bad.code)
+    assert client.get("/health").json() == {"status": "healthy"}
+
+
+def test_a_step_after_the_episode_ended_is_409_and_the_session_can_start_again(client: httpx.Client, session: HttpSession) -> None:
     session.reset(task_id="builtin/fizzbuzz")
     session.step("submit")
-    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "ls"}}}), 409, "episode_done")
-
-    assert client.get("/health").json() == {"status": "healthy"}
+    _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": BASH_LS}), 409, "episode_done")
     session.reset(task_id="builtin/fizzbuzz")
     assert session.step("bash", {"command": "echo still-serving"})["observation"]["output"].strip() == "still-serving"
 
