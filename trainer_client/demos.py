@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from env_server.models import TaskSpec
-from trainer_client.environment import CodingEnvironment
+from trainer_client.environment import TrlEnvironment
 from trainer_client.records import PreferencePair
 from trainer_client.task_rows import prompt_after_reset, task_row
 from trainer_client.trl_rollout import dispatch, environment_methods, tool_message
@@ -111,14 +111,14 @@ class Demo(BaseModel):
     """Error kinds the service reported during the episode (the mistake's, when there was one)."""
 
 
-def tool_schemas(environment: CodingEnvironment) -> list[dict[str, Any]]:
+def tool_schemas(environment: TrlEnvironment) -> list[dict[str, Any]]:
     """The JSON schemas `apply_chat_template` derives from the environment's tool methods."""
     from transformers.utils import get_json_schema
 
     return [get_json_schema(method) for method in environment_methods(environment)]
 
 
-def play_demo(environment: CodingEnvironment, task: TaskSpec, mistake: Mistake | None) -> Demo:
+def play_demo(environment: TrlEnvironment, task: TaskSpec, mistake: Mistake | None) -> Demo:
     """Play the expert script through the service and record it as TRL would."""
     row = task_row(task.id)
     messages = prompt_after_reset(row, environment.reset(**row))
@@ -147,7 +147,7 @@ def choose_mistake(task: TaskSpec, rate: float, seed: int) -> Mistake | None:
 
 def play_demos(
     tasks: list[TaskSpec],
-    new_environment: Callable[[], CodingEnvironment],
+    new_environment: Callable[[], TrlEnvironment],
     *,
     mistake_rate: float = 0.3,
     seed: int = 0,
@@ -155,7 +155,7 @@ def play_demos(
 ) -> Iterator[Demo]:
     """Demos in task order as they finish, `concurrency` sessions at a time (one environment per worker)."""
     local = threading.local()
-    environments: list[CodingEnvironment] = []
+    environments: list[TrlEnvironment] = []
 
     def play(task: TaskSpec) -> Demo:
         if not hasattr(local, "environment"):

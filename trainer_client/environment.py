@@ -25,7 +25,7 @@ _RESERVED = {"reset", "get_reward"}
 EPISODE_OVER = "The episode is over: no more tool calls are accepted."
 
 
-class CodingEnvironment:
+class TrlEnvironment:
     """One rollout's session of the service. Tool methods are added by `environment_class`."""
 
     def __init__(self, settings: ClientSettings, *, grade_unsubmitted: bool = False) -> None:
@@ -106,7 +106,7 @@ def _tool_method(function: dict[str, Any]) -> Callable[..., str]:
 
     # Arguments are forwarded as given: the service validates them and answers a wrong one with a
     # typed `type_error` and a hint, which is exactly the feedback SDPO learns from.
-    def call_tool(self: CodingEnvironment, **arguments: Any) -> str:
+    def call_tool(self: TrlEnvironment, **arguments: Any) -> str:
         return self._call(name, arguments)
 
     ordered = sorted(properties, key=lambda p: p not in required)  # required first, as Python demands
@@ -124,8 +124,8 @@ def _tool_method(function: dict[str, Any]) -> Callable[..., str]:
     return call_tool
 
 
-def environment_class(tools: list[dict[str, Any]]) -> type[CodingEnvironment]:
-    """A `CodingEnvironment` subclass with one method per tool (OpenAI function schemas)."""
+def environment_class(tools: list[dict[str, Any]]) -> type[TrlEnvironment]:
+    """A `TrlEnvironment` subclass with one method per tool (OpenAI function schemas)."""
     methods = {}
     for tool in tools:
         function = tool.get("function", tool)
@@ -133,10 +133,10 @@ def environment_class(tools: list[dict[str, Any]]) -> type[CodingEnvironment]:
         if name in _RESERVED or name.startswith("_") or not name.isidentifier():
             raise ValueError(f"the service offers a tool named {name!r}, which cannot be an environment method")
         methods[name] = _tool_method(function)
-    return type("CodingEnvironment", (CodingEnvironment,), {**methods, "__doc__": CodingEnvironment.__doc__})
+    return type("TrlEnvironment", (TrlEnvironment,), {**methods, "__doc__": TrlEnvironment.__doc__})
 
 
-def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = False) -> Callable[[], CodingEnvironment]:
+def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = False) -> Callable[[], TrlEnvironment]:
     """Reads the service's tools once and returns the factory TRL calls per rollout slot.
 
     Args:
