@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from sandbox.deployment import Deployment
 from sandbox.runtime import Sandbox
-from sandbox.spec import Backend, DockerSpec, LocalSpec, SandboxSpec, backend_spec
+from sandbox.spec import Backend, LocalSpec, SandboxSpec, backend_spec
 
 
 def deployment_for(spec: SandboxSpec | None = None, backend: Backend | None = None) -> Deployment:
     """An unstarted deployment for `spec` on the backend its type names (`backend_spec`)."""
     spec = backend_spec(spec, backend)
     # Backends are imported on demand: a host with bubblewrap only need not have the docker SDK.
-    if isinstance(spec, DockerSpec):
-        from sandbox.docker_backend import DockerDeployment
-
-        return DockerDeployment(spec)
     if isinstance(spec, LocalSpec):
         from sandbox.local_backend import LocalDeployment
 
         return LocalDeployment(spec)
-    raise TypeError(f"no backend runs a {type(spec).__name__}")
+    from sandbox.docker_backend import DockerDeployment
+
+    return DockerDeployment(spec)
 
 
 def open_sandbox(spec: SandboxSpec | None = None, backend: Backend | None = None) -> Sandbox:

@@ -173,7 +173,6 @@ class LocalDeployment(Deployment):
             self._stop(process)
         if self._stderr is not None:
             self._stderr.close()
-            self._stderr = None
         if self.host_uid is not None:
             _release_host_uid(self.host_uid)
             self.host_uid = None
