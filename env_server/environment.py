@@ -10,10 +10,12 @@ OpenEnv's base classes over them, so each field is declared once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from env_server.models import (
     EpisodeState,
     ErrorKind,
     ListToolsAction,
+    MonitorFlag,
     ResetInfo,
     TaskSpec,
     ToolCallAction,
@@ -45,7 +48,7 @@ from env_server.monitor import scan_tool_call
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
 from env_server.tool_call_parser import ToolCallParseError, load_json_object, parse_tool_calls
-from env_server.tools import TOOLS, Tool, ToolOutcome, Workspace
+from env_server.tools import TOOLS, EpisodeEnd, Tool, ToolOutcome, Workspace, submit
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox, SandboxError
 
@@ -111,11 +114,11 @@ class _Call:
 
 @dataclass
 class _Episode:
-    task: TaskSpec
-    sandbox: Sandbox
     workspace: Workspace
     record: EpisodeRecord
     show_hints: bool
+    monitor_flags: list[MonitorFlag] = field(default_factory=list)
+    """Every flag raised in the episode so far, sorted: the monitor's on each call, then the grader's."""
     streak: FailureStreak = field(default_factory=FailureStreak)
     done: bool = False
     reward: float | None = None
@@ -123,6 +126,17 @@ class _Episode:
     """One per judge answer still on its way; done once the answer is in the record."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Orders the judge's threads against the session's around `done` and `late_hints`."""
+
+    @property
+    def task(self) -> TaskSpec:
+        return self.workspace.task
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self.workspace.sandbox
+
+    def raise_flags(self, flags: Iterable[MonitorFlag]) -> None:
+        self.monitor_flags = sorted({*self.monitor_flags, *flags})
 
 
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
@@ -194,7 +208,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             started_at=time.time(),
         )
         workspace = Workspace(sandbox, spec, fresh_sandbox=self._open_grader, grading=self._grading)
-        self._episode = _Episode(spec, sandbox, workspace, record, show_hints)
+        self._episode = _Episode(workspace, record, show_hints)
         return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
 
     def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
@@ -204,40 +218,49 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         started_at, started = time.time(), time.perf_counter()
         call = self._resolve(action)
         flags = scan_tool_call(call.tool_name, call.arguments, episode.task) if call.tool else []
-        episode.workspace.monitor_flags.extend(f for f in flags if f not in episode.workspace.monitor_flags)
+        episode.raise_flags(flags)  # before grading: a flagged last call counts against its own episode
         outcome = call.error or self._run(call, episode)
         if not outcome.done and len(episode.record.steps) + 1 >= episode.task.limits.max_steps:
             outcome = self._grade_at_step_limit(outcome, episode)
-        if flags and not outcome.done:
-            outcome.metadata["monitor_flags"] = flags  # at grading, the key holds the whole episode's flags
+        outcome.monitor_flags = flags
+        if outcome.grade is not None:
+            episode.raise_flags(outcome.grade.monitor_flags)
         kind = episode.streak.observe(outcome.error_kind)
-        if kind is ErrorKind.REPEATED_FAILURE:
-            outcome.metadata["underlying_error_kind"] = outcome.error_kind.value
         parsed = {"tool_name": call.tool_name, "arguments": call.arguments} if call.tool else None
         hint = self._hints.hint(kind, output=outcome.output, call=parsed, task_prompt=episode.task.prompt, underlying=outcome.error_kind)
-        output = f"{outcome.output}\n\nHint: {hint.text}" if hint.text and episode.show_hints else outcome.output
-        observation = CodingObservation(
+        result = ToolResult(
             tool_name=call.tool_name,
-            output=output,
+            output=f"{outcome.output}\n\nHint: {hint.text}" if hint.text and episode.show_hints else outcome.output,
             exit_code=outcome.exit_code,
             error_kind=kind,
             hint=hint.text,
             truncated=outcome.truncated,
             duration_ms=(time.perf_counter() - started) * 1000,
+            underlying_error_kind=outcome.error_kind if kind is ErrorKind.REPEATED_FAILURE else None,
+            step_monitor_flags=outcome.monitor_flags,
+            episode_monitor_flags=episode.monitor_flags if outcome.done else None,
+            tests_passed=outcome.grade.tests_passed if outcome.grade else None,
+            tests_total=outcome.grade.tests_total if outcome.grade else None,
+            step_limit_reached=outcome.step_limit_reached,
+            end_reason=outcome.end.reason if outcome.end else None,
+            aborted=outcome.end.aborted if outcome.end else False,
+        )
+        observation = CodingObservation(
+            **dict(result),
             error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=outcome.output) if kind in FRAMEWORK_ERRORS else None,
             done=outcome.done,
             reward=outcome.reward,
-            metadata=outcome.metadata,
+            metadata=_metadata(result, outcome),
         )
         step = TrajectoryStep(
                 index=len(episode.record.steps),
                 action=action.model_dump(exclude={"metadata"}),
                 parsed_call=parsed,
-                observation=ToolResult.model_validate(observation.model_dump(include=set(ToolResult.model_fields))),
+                observation=result,
                 reward=outcome.reward,
                 done=outcome.done,
                 started_at=started_at,
-                monitor_flags=flags,
+                monitor_flags=outcome.monitor_flags,
             )
         episode.record.steps.append(step)
         self._take_late_hint(episode, step, hint)
@@ -356,7 +379,10 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         self._grader_unavailable = None
         grading = call.tool_name == "submit"
         try:
-            outcome = call.tool.run(episode.workspace, **call.arguments)
+            if grading:  # the episode's flags go to grading explicitly: the penalty counts them
+                outcome = submit(episode.workspace, monitor_flags=episode.monitor_flags)
+            else:
+                outcome = call.tool.run(episode.workspace, **call.arguments)
         except SandboxError as exc:
             outcome = self._sandbox_failure(exc, episode, grading)
         except Exception as exc:
@@ -379,16 +405,20 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
                 return _grading_failed(episode, exc)
             return ToolOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
         kind = ErrorKind.OOM if "OOM killer" in str(exc) else ErrorKind.SANDBOX_ERROR
-        return _ended(kind, f"The sandbox died: {exc}", reward=0.0)
+        return _ended(kind, f"The sandbox died: {exc}")
 
     def _grade_at_step_limit(self, last: ToolOutcome, episode: _Episode) -> ToolOutcome:
+        """The last step's outcome, graded: its output followed by the grading's, the grading's
+        error kind if it has one."""
         graded = self._run(_Call("submit", TOOLS["submit"]), episode)
-        last.output = f"{last.output}\n\n[step limit reached] {graded.output}".lstrip()
-        last.done, last.reward = True, graded.reward
-        if graded.error_kind is not None:
-            last.error_kind = graded.error_kind
-        last.metadata.update(graded.metadata, step_limit_reached=True)
-        return last
+        return dataclasses.replace(
+            last,
+            output=f"{last.output}\n\n[step limit reached] {graded.output}".lstrip(),
+            error_kind=graded.error_kind or last.error_kind,
+            grade=graded.grade,
+            end=graded.end,
+            step_limit_reached=True,
+        )
 
     def _take_late_hint(self, episode: _Episode, step: TrajectoryStep, hint: Hint) -> None:
         """When the judge answers after the step went out, its hint replaces the template in the
@@ -416,9 +446,9 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         record = episode.record
         record.ended_at = time.time()
         record.reward = outcome.reward
-        record.tests_passed = outcome.metadata.get("tests_passed")
-        record.tests_total = outcome.metadata.get("tests_total")
-        record.monitor_flags = list(outcome.metadata.get("monitor_flags", episode.workspace.monitor_flags))
+        if outcome.grade is not None:
+            record.tests_passed, record.tests_total = outcome.grade.tests_passed, outcome.grade.tests_total
+        record.monitor_flags = list(episode.monitor_flags)
         # The graded sandbox is of no further use; free it now rather than at the next reset.
         self._retire(episode.sandbox)
         with episode.lock:
@@ -444,19 +474,40 @@ def _grading_failed(episode: _Episode, exc: Exception) -> ToolOutcome:
     return _ended(
         ErrorKind.GRADING_ERROR,
         f"Grading failed ({type(exc).__name__}): the workspace could not be copied out and tested. Reward 0.",
-        reward=0.0,
     )
 
 
-def _ended(kind: ErrorKind, reason: str, *, reward: float) -> ToolOutcome:
-    """An outcome that ends the episode on the agent's account."""
-    return ToolOutcome(reason, error_kind=kind, done=True, reward=reward, metadata={"aborted": False, "reason": reason})
+def _ended(kind: ErrorKind, reason: str) -> ToolOutcome:
+    """An outcome that ends the episode on the agent's account: reward 0."""
+    return ToolOutcome(reason, error_kind=kind, end=EpisodeEnd(reason, aborted=False))
 
 
 def _aborted(reason: str) -> ToolOutcome:
     """An outcome that ends the episode on the infrastructure's account: no reward to learn from."""
-    return ToolOutcome(
-        f"Sandbox failure: {reason}", error_kind=ErrorKind.SANDBOX_ERROR, done=True, reward=None,
-        metadata={"aborted": True, "reason": reason},
-    )
+    return ToolOutcome(f"Sandbox failure: {reason}", error_kind=ErrorKind.SANDBOX_ERROR, end=EpisodeEnd(reason, aborted=True))
+
+
+def _metadata(result: ToolResult, outcome: ToolOutcome) -> dict[str, Any]:
+    """The observation's `metadata`: the typed fields under the keys clients read before those
+    fields existed (docs/api.md), plus the grading details that have no typed field. Here
+    `monitor_flags` is the step's flags, or the episode's on a graded step."""
+    metadata: dict[str, Any] = {}
+    if outcome.grade is not None:
+        grade = outcome.grade
+        metadata.update(
+            tests_passed=grade.tests_passed,
+            tests_total=grade.tests_total,
+            failing_tests=list(grade.failing_tests),
+            grading_ms=grade.grading_ms,
+            monitor_flags=[str(flag) for flag in grade.monitor_flags],
+        )
+    elif result.step_monitor_flags and not outcome.done:
+        metadata["monitor_flags"] = [str(flag) for flag in result.step_monitor_flags]
+    if result.end_reason is not None:
+        metadata.update(aborted=result.aborted, reason=result.end_reason)
+    if result.step_limit_reached:
+        metadata["step_limit_reached"] = True
+    if result.underlying_error_kind is not None:
+        metadata["underlying_error_kind"] = result.underlying_error_kind.value
+    return metadata
 

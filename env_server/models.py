@@ -270,7 +270,9 @@ class TaskSpec(BaseModel):
 
 
 class ToolResult(BaseModel):
-    """The typed outcome of one tool call, as the policy's environment sees it."""
+    """The typed outcome of one step (one tool call), as the policy's environment sees it. The
+    fields after `duration_ms` say how the step bears on the episode: monitor flags, the grade
+    when the step graded the workspace, and how the episode ended."""
 
     tool_name: str
     """Tool that was called (as requested, even when unknown)."""
@@ -292,6 +294,33 @@ class ToolResult(BaseModel):
 
     duration_ms: float = 0.0
     """Wall-clock time of the tool call inside the service."""
+
+    underlying_error_kind: ErrorKind | None = None
+    """When `error_kind` is `repeated_failure`: the kind that repeated."""
+
+    step_monitor_flags: list[MonitorFlag] = Field(default_factory=list)
+    """What the reward-hacking monitor flagged in this step's call."""
+
+    episode_monitor_flags: list[MonitorFlag] | None = None
+    """On the step that ends the episode: every flag of the episode, the grader's own included
+    (sorted; the monitor penalty counts these). None on the steps before."""
+
+    tests_passed: int | None = None
+    """When the step graded the workspace: hidden tests (or calls) that passed; None otherwise."""
+
+    tests_total: int | None = None
+    """When the step graded the workspace: hidden tests (or calls) that count; None otherwise."""
+
+    step_limit_reached: bool = False
+    """This step used the last of the task's `max_steps`, so the workspace was graded after it."""
+
+    end_reason: str | None = None
+    """Set when a failure ended the episode (the workspace could not be graded, the sandbox died,
+    the infrastructure failed): why. None when the episode goes on or ended by grading."""
+
+    aborted: bool = False
+    """With `end_reason`: true when the failure is the infrastructure's (reward null: nothing to
+    learn from), false when it is the agent's (reward 0)."""
 
 
 class ResetInfo(BaseModel):

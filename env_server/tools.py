@@ -2,7 +2,8 @@
 reset, `list_tools` and MCP `tools/list` publish, and the argument validation of every call.
 
 A tool is a plain function `(workspace, **arguments) -> ToolOutcome`; `@tool` registers it.
-Parameter descriptions live in `Annotated[..., Field(description=...)]`.
+Parameter descriptions live in `Annotated[..., Field(description=...)]`. Keyword-only parameters
+are not the agent's: the environment passes them (`submit` gets the episode's monitor flags).
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import errno
 import inspect
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from env_server.error_kinds import classify_exec
-from env_server.grading import GradingConfig, grade
-from env_server.models import ErrorKind, TaskSpec
+from env_server.grading import GradeResult, GradingConfig, grade
+from env_server.models import ErrorKind, MonitorFlag, TaskSpec
 from sandbox import ExecResult, Sandbox
 
 SEARCH_MAX_LINES = 200
@@ -32,23 +34,47 @@ class Workspace:
     task: TaskSpec
     fresh_sandbox: Callable[[], Sandbox]
     """Opens the clean sandbox the hidden tests run in (a warm-pool checkout)."""
-    monitor_flags: list[str] = field(default_factory=list)
-    """Flags the monitor raised on this episode's calls so far."""
     grading: GradingConfig = field(default_factory=GradingConfig)
     """How `submit` grades (the service sets the monitor penalty)."""
 
 
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """Why a failure ended the episode (a graded submission needs no such reason)."""
+
+    reason: str
+    aborted: bool
+    """True: the infrastructure failed (reward None, nothing to learn from); False: the agent's doing (reward 0)."""
+
+
 @dataclass
 class ToolOutcome:
-    """What a tool produced, before hints and bookkeeping are added."""
+    """What one step produced, before the hint: the tool's answer, the grade when the step graded
+    the workspace, the failure that ended the episode if one did, and the step's monitor flags."""
 
     output: str
     exit_code: int | None = None
     error_kind: ErrorKind | None = None
     truncated: bool = False
-    done: bool = False
-    reward: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    grade: GradeResult | None = None
+    """The verdict on the workspace, when this step graded it (`submit`, or the step limit)."""
+    end: EpisodeEnd | None = None
+    """Set when a failure ended the episode; with `grade` too when the workspace could not be graded."""
+    step_limit_reached: bool = False
+    """The step used the task's last step, so the workspace was graded after it."""
+    monitor_flags: list[MonitorFlag] = field(default_factory=list)
+    """What the monitor flagged in this step's call (the environment scans the call, not the tool)."""
+
+    @property
+    def done(self) -> bool:
+        return self.grade is not None or self.end is not None
+
+    @property
+    def reward(self) -> float | None:
+        """The grade's reward; 0 for an episode the agent ended by failing; None otherwise."""
+        if self.grade is not None:
+            return self.grade.reward
+        return 0.0 if self.end is not None and not self.end.aborted else None
 
 
 @dataclass(frozen=True)
@@ -80,8 +106,9 @@ TOOLS: dict[str, Tool] = {}
 
 
 def tool(fn: Callable[..., ToolOutcome]) -> Callable[..., ToolOutcome]:
-    """Register `fn` as a tool; its parameters after `workspace` become the argument schema."""
-    params = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+    """Register `fn` as a tool; its parameters after `workspace` become the argument schema
+    (keyword-only ones excepted: the environment passes those)."""
+    params = [p for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:] if p.kind is not p.KEYWORD_ONLY]
     fields: dict[str, Any] = {
         p.name: (p.annotation, ... if p.default is inspect.Parameter.empty else p.default) for p in params
     }
@@ -246,18 +273,11 @@ def run_tests(ws: Workspace) -> ToolOutcome:
 
 
 @tool
-def submit(ws: Workspace) -> ToolOutcome:
+def submit(ws: Workspace, *, monitor_flags: Sequence[MonitorFlag] = ()) -> ToolOutcome:
     """Finish the episode: grade the workspace with the hidden tests and return the reward."""
-    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=ws.monitor_flags, config=ws.grading)
-    summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
-    metadata = {
-        "tests_passed": result.tests_passed,
-        "tests_total": result.tests_total,
-        "failing_tests": list(result.failing_tests),
-        "grading_ms": result.grading_ms,
-        "monitor_flags": list(result.monitor_flags),
-    }
+    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=monitor_flags, config=ws.grading)
     if result.error_kind is not None:  # the workspace could not be graded: the agent's doing, reward 0
         summary = f"Submitted, but grading failed: {result.error}. Reward {result.reward:.3f}."
-        metadata.update(aborted=False, reason=result.error)
-    return ToolOutcome(summary, error_kind=result.error_kind, done=True, reward=result.reward, metadata=metadata)
+        return ToolOutcome(summary, error_kind=result.error_kind, grade=result, end=EpisodeEnd(result.error or summary, aborted=False))
+    summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
+    return ToolOutcome(summary, grade=result)
