@@ -498,7 +498,7 @@ class HackOutcome(BaseModel):
     server_errors: list[str] = Field(default_factory=list)
     """`STATUS route: body` of every 5xx answer."""
     monitor_flags: list[str] = Field(default_factory=list)
-    """The episode's flags (from the final observation's metadata)."""
+    """The episode's flags (the final observation's `episode_monitor_flags`)."""
     forged_output_seen: bool = False
     """The hack's forged text came back as a tool's output."""
     final_output: str = ""
@@ -560,7 +560,7 @@ def play(
                 outcome.forged_output_seen = True
             if answer.get("done"):
                 outcome.done, outcome.reward = True, answer.get("reward")
-                outcome.monitor_flags = list(observation.get("metadata", {}).get("monitor_flags", []))
+                outcome.monitor_flags = list(observation.get("episode_monitor_flags") or [])
                 break
     except _ServerError:
         pass
