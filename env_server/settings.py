@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from env_server.grading import GradingConfig
 from env_server.models import ErrorKind
 from sandbox.spec import Backend, BackendSpec, DockerSpec, backend_spec
 
@@ -104,13 +105,18 @@ class ServiceSettings(BaseSettings):
 
     monitor_penalty: float = Field(default=0.0, ge=0.0, le=1.0)
     """Subtracted from a submission's reward per distinct monitor flag, floored at 0
-    (`CODING_ENV_MONITOR_PENALTY`; 0: flags are only reported)."""
+    (`CODING_ENV_MONITOR_PENALTY`; 0: flags are only reported). Reaches the grader through `grading`."""
 
     executor_threads: int = Field(default=0, ge=0)
     """Threads running blocking sandbox calls; 0: `max_sessions + 8`, so every session can run at once."""
 
     log_level: str = "info"
     """uvicorn log level."""
+
+    @property
+    def grading(self) -> GradingConfig:
+        """How this service grades submissions: the grader's defaults with `monitor_penalty`."""
+        return GradingConfig(monitor_penalty=self.monitor_penalty)
 
     @model_validator(mode="before")
     @classmethod
