@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 
 from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, CodingObservation
-from env_server.grading import GradingConfig, prewarm_grader
+from env_server.grading import prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.models import ApiErrorCode, ResetRequestBody
@@ -70,9 +70,8 @@ class Service:
             self.metrics.error_kinds.labels(observation.error_kind.value).inc()
             if observation.error_kind.value == "sandbox_error":
                 self.metrics.sandbox_failures.inc()
-        if not observation.done:
-            for flag in observation.metadata.get("monitor_flags", ()):
-                self.metrics.monitor_flags.labels(flag).inc()
+        for flag in observation.step_monitor_flags:
+            self.metrics.monitor_flags.labels(flag).inc()
         if observation.done and observation.reward is not None:
             self.metrics.episodes_graded.inc()
             self.metrics.rewards.observe(observation.reward)
@@ -121,7 +120,7 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
             episode_log=episode_log,
             session_id=session_id,
             retire=lambda sandbox: executor.submit(sandbox.close),
-            grading=GradingConfig(monitor_penalty=settings.monitor_penalty),
+            grading=settings.grading,
             infrastructure_alive=engine_alive,
         )
 
