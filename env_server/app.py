@@ -11,19 +11,16 @@ import json
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from fastapi import Body, FastAPI, Request, Response, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
-from openenv.core.env_server.types import ResetResponse, StepResponse, WSErrorCode
+from openenv.core.env_server.types import WSErrorCode
 from pydantic import ValidationError
 
-from env_server.environment import CodingState
-from env_server.http_errors import BODY_ERRORS, add_error_handlers, errors
+from env_server.http_errors import add_error_handlers, errors
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
-from env_server.models import ApiErrorCode, EpisodeRecord, ResetRequestBody, SessionCreated
-from env_server.routes import http
-from env_server.routes.http import StepBody
+from env_server.models import ApiErrorCode
+from env_server.routes import http, sessions
 from env_server.service import Service, open_service, parse_reset, service_of
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session
@@ -62,45 +59,10 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
     add_error_handlers(app)
     app.include_router(http.router)
-    _add_session_routes(app)
+    app.include_router(sessions.router)
     _add_mcp_route(app)
     _add_websocket_route(app)
     return app
-
-
-def _add_session_routes(app: FastAPI) -> None:
-    @app.post("/sessions", response_model=SessionCreated, status_code=201, responses=errors(503), tags=["Sessions"])
-    async def open_session(request: Request) -> SessionCreated:
-        return SessionCreated(session_id=service_of(request).sessions.open().id)
-
-    @app.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["Sessions"])
-    async def reset_session(
-        request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
-    ) -> JSONResponse:
-        service = service_of(request)
-        return JSONResponse(await service.reset(service.sessions.get(session_id), body))
-
-    @app.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
-    async def step_session(request: Request, session_id: str, body: StepBody) -> JSONResponse:
-        service = service_of(request)
-        return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
-
-    @app.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
-    async def session_state(request: Request, session_id: str) -> CodingState:
-        service = service_of(request)
-        session = service.sessions.get(session_id)
-        return await service.sessions.run(session, lambda: session.env.state)
-
-    @app.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409, 422), tags=["Sessions"])
-    async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
-        service = service_of(request)
-        session = service.sessions.get(session_id)
-        return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
-
-    @app.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 422), tags=["Sessions"])
-    async def close_session(request: Request, session_id: str) -> Response:
-        await service_of(request).sessions.close(session_id)
-        return Response(status_code=204)
 
 
 def _rpc_error(code: JsonRpcErrorCode, message: str, request_id: Any = None, data: Any = None) -> JsonRpcResponse:

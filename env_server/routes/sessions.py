@@ -1,0 +1,59 @@
+"""Stateful HTTP sessions (`/sessions/...`), for frameworks that do not speak WebSocket: open a
+session, reset and step it as often as needed, read its state and trajectory, close it.
+
+Observation routes return a JSONResponse built from `serialize_observation`'s dict, as in
+`env_server.routes.http`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, Request, Response
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.types import ResetResponse, StepResponse
+
+from env_server.environment import CodingState
+from env_server.http_errors import BODY_ERRORS, errors
+from env_server.models import EpisodeRecord, ResetRequestBody, SessionCreated
+from env_server.routes.http import StepBody
+from env_server.service import service_of
+
+router = APIRouter()
+
+
+@router.post("/sessions", response_model=SessionCreated, status_code=201, responses=errors(503), tags=["Sessions"])
+async def open_session(request: Request) -> SessionCreated:
+    return SessionCreated(session_id=service_of(request).sessions.open().id)
+
+
+@router.post("/sessions/{session_id}/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["Sessions"])
+async def reset_session(
+    request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
+) -> JSONResponse:
+    service = service_of(request)
+    return JSONResponse(await service.reset(service.sessions.get(session_id), body))
+
+
+@router.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
+async def step_session(request: Request, session_id: str, body: StepBody) -> JSONResponse:
+    service = service_of(request)
+    return JSONResponse(await service.step(service.sessions.get(session_id), body.action, "http"))
+
+
+@router.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
+async def session_state(request: Request, session_id: str) -> CodingState:
+    service = service_of(request)
+    session = service.sessions.get(session_id)
+    return await service.sessions.run(session, lambda: session.env.state)
+
+
+@router.get("/sessions/{session_id}/trajectory", response_model=EpisodeRecord, responses=errors(404, 409, 422), tags=["Sessions"])
+async def session_trajectory(request: Request, session_id: str) -> EpisodeRecord:
+    service = service_of(request)
+    session = service.sessions.get(session_id)
+    return await service.sessions.run(session, lambda: session.env.trajectory().model_copy(deep=True))
+
+
+@router.delete("/sessions/{session_id}", status_code=204, responses=errors(404, 422), tags=["Sessions"])
+async def close_session(request: Request, session_id: str) -> Response:
+    await service_of(request).sessions.close(session_id)
+    return Response(status_code=204)
