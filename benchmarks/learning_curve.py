@@ -45,7 +45,18 @@ MODES = {
 }
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-TRAIN_KEYS = ("reward", "sdpo/hint_sites", "policy/valid_call_rate", "reward/groups_with_variance", "loss")
+TRAIN_KEYS = (
+    "reward",
+    "reward/group_std",
+    "reward/groups_with_variance",
+    "sdpo/hint_sites",
+    "sdpo/loss",
+    "dpo/loss",
+    "policy/tool_calls",
+    "policy/valid_call_rate",
+    "loss",
+    "step_time",
+)
 
 
 def mean_interval(values: list[float]) -> dict[str, Any]:
