@@ -223,14 +223,18 @@ def table(curves: dict[str, Any], steps: list[int]) -> str:
             return f"{point['mean']:.3f}"
         return f"{point['mean']:.3f} [{point['ci95'][0]:.3f}, {point['ci95'][1]:.3f}]"
 
-    lines = ["| arm | step | pass@1 | valid-call rate | eval reward | train reward | hint sites / batch |", "|---|---|---|---|---|---|---|"]
+    train_keys = ("reward", "reward/groups_with_variance", "sdpo/hint_sites")
+    lines = [
+        "| arm | step | pass@1 | valid-call rate | eval reward | train reward | groups with reward variance | hint sites / batch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm, curve in curves.items():
         for step in steps:
             point = curve["evals"][step]
-            train = {key: curve["train"][key].get(step) for key in ("reward", "sdpo/hint_sites")}
+            train = {key: curve["train"][key].get(step) for key in train_keys}
             lines.append(
                 f"| {arm} | {step} | {cell(point['pass@1'])} | {cell(point['valid_call_rate'])} | {cell(point['mean_reward'])} | "
-                + " | ".join(cell(train[key]) if train[key] else "-" for key in ("reward", "sdpo/hint_sites"))
+                + " | ".join(cell(train[key]) if train[key] else "-" for key in train_keys)
                 + " |"
             )
     return "\n".join(lines)
