@@ -9,24 +9,24 @@ from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, McpMethod
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest
 from openenv.core.env_server.types import WSErrorCode
 from pydantic import ValidationError
 
-from env_server.http_errors import add_error_handlers, errors
+from env_server.http_errors import add_error_handlers
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
 from env_server.models import ApiErrorCode
-from env_server.routes import http, sessions
+from env_server.routes import http, mcp, sessions
+from env_server.routes.mcp import handle_rpc, rpc_error
 from env_server.service import Service, open_service, parse_reset, service_of
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
-from env_server.tools import TOOLS
 
 
 OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
@@ -60,60 +60,9 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     add_error_handlers(app)
     app.include_router(http.router)
     app.include_router(sessions.router)
-    _add_mcp_route(app)
+    app.include_router(mcp.router)
     _add_websocket_route(app)
     return app
-
-
-def _rpc_error(code: JsonRpcErrorCode, message: str, request_id: Any = None, data: Any = None) -> JsonRpcResponse:
-    return JsonRpcResponse.error_response(code, message, data=data, request_id=request_id)
-
-
-async def handle_rpc(service: Service, rpc: JsonRpcRequest, bound: Session | None = None) -> JsonRpcResponse:
-    """One MCP JSON-RPC call; `bound` is the session of the WebSocket it arrived on, if any."""
-    params = rpc.params
-    try:
-        if rpc.method == "openenv/session/create":
-            session = bound or service.sessions.open()
-            return JsonRpcResponse.success({"session_id": session.id}, rpc.id)
-        if rpc.method == "openenv/session/close":
-            target = params.get("session_id")
-            if not isinstance(target, str):
-                return _rpc_error(JsonRpcErrorCode.INVALID_PARAMS, "'session_id' is required", rpc.id)
-            await service.sessions.close(target)
-            return JsonRpcResponse.success({"session_id": target, "closed": True}, rpc.id)
-        if rpc.method == McpMethod.TOOLS_LIST:
-            return JsonRpcResponse.success({"tools": [t.mcp_schema() for t in TOOLS.values()]}, rpc.id)
-        if rpc.method == McpMethod.TOOLS_CALL:
-            name, target = params.get("name"), params.get("session_id")
-            if not isinstance(name, str) or not name:
-                return _rpc_error(JsonRpcErrorCode.INVALID_PARAMS, "'name' is required", rpc.id)
-            if bound is None and not isinstance(target, str):
-                return _rpc_error(
-                    JsonRpcErrorCode.INVALID_PARAMS, "'session_id' is required: open one with openenv/session/create and reset it", rpc.id
-                )
-            session = bound or service.sessions.get(target)
-            action = {"type": "call_tool", "tool_name": name, "arguments": params.get("arguments") or {}}
-            result = await service.step(session, action, "mcp")
-            return JsonRpcResponse.success({**result["observation"], "reward": result["reward"], "done": result["done"]}, rpc.id)
-        return _rpc_error(JsonRpcErrorCode.METHOD_NOT_FOUND, f"method not found: {rpc.method}", rpc.id)
-    except ServiceError as exc:
-        return _rpc_error(JsonRpcErrorCode.SERVER_ERROR, exc.message, rpc.id, exc.body().model_dump(mode="json"))
-
-
-def _add_mcp_route(app: FastAPI) -> None:
-    @app.post("/mcp", responses=errors(413), tags=["OpenEnv"])
-    async def mcp(request: Request) -> dict[str, Any]:
-        """MCP JSON-RPC 2.0: `tools/list`, `tools/call` (with `session_id`), `openenv/session/create|close`."""
-        try:
-            payload = json.loads(await request.body())
-        except ValueError:
-            return _rpc_error(JsonRpcErrorCode.PARSE_ERROR, "parse error").model_dump()
-        try:
-            rpc = JsonRpcRequest.model_validate(payload)
-        except ValidationError as exc:
-            return _rpc_error(JsonRpcErrorCode.INVALID_REQUEST, f"invalid request: {exc.error_count()} errors").model_dump()
-        return (await handle_rpc(service_of(request), rpc)).model_dump()
 
 
 def _ws_error(exc: ServiceError) -> str:
@@ -143,7 +92,7 @@ async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
         try:
             rpc = JsonRpcRequest.model_validate(data)
         except ValidationError:
-            response = _rpc_error(JsonRpcErrorCode.INVALID_REQUEST, "invalid JSON-RPC request")
+            response = rpc_error(JsonRpcErrorCode.INVALID_REQUEST, "invalid JSON-RPC request")
         else:
             response = await handle_rpc(service, rpc, bound=session)
         return json.dumps({"type": "mcp", "data": response.model_dump()})
