@@ -1,0 +1,104 @@
+"""OpenEnv's WebSocket (`/ws`): one connection = one session = one sandbox. Each text frame is an
+OpenEnv message (`reset`, `step`, `state`, `mcp`, `close`) answered by one frame; a refused
+frame is answered by an error frame and the connection stays usable."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest
+from openenv.core.env_server.types import WSErrorCode
+from pydantic import ValidationError
+
+from env_server.models import ApiErrorCode
+from env_server.routes.mcp import handle_rpc, rpc_error
+from env_server.service import Service, parse_reset, service_of
+from env_server.service_errors import ServiceError
+from env_server.sessions import Session
+
+router = APIRouter()
+
+OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
+    ApiErrorCode.INVALID_JSON: WSErrorCode.INVALID_JSON,
+    ApiErrorCode.INVALID_REQUEST: WSErrorCode.VALIDATION_ERROR,
+    ApiErrorCode.CAPACITY_REACHED: WSErrorCode.CAPACITY_REACHED,
+    ApiErrorCode.SESSION_NOT_FOUND: WSErrorCode.SESSION_ERROR,
+}
+"""Our refusal codes as OpenEnv's WebSocket error codes (the rest are EXECUTION_ERROR)."""
+
+
+def _ws_error(exc: ServiceError) -> str:
+    code = OPENENV_WS_CODES.get(exc.code, WSErrorCode.EXECUTION_ERROR)
+    return json.dumps({"type": "error", "data": {"message": exc.message, "code": code.value, "error": exc.body().model_dump(mode="json")}})
+
+
+async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
+    """The answer to one WebSocket frame (OpenEnv message types); None for `close`."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        raise ServiceError(ApiErrorCode.INVALID_JSON, "frame is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "frame must be a JSON object with a 'type'")
+    kind, data = message.get("type"), message.get("data") or {}
+    if not isinstance(data, dict):
+        raise ServiceError(ApiErrorCode.INVALID_REQUEST, "'data' must be an object")
+    if kind == "reset":
+        return json.dumps({"type": "observation", "data": await service.reset(session, parse_reset(data))})
+    if kind == "step":
+        return json.dumps({"type": "observation", "data": await service.step(session, data, "ws")})
+    if kind == "state":
+        state = await service.sessions.run(session, lambda: session.env.state)
+        return json.dumps({"type": "state", "data": state.model_dump(mode="json")})
+    if kind == "mcp":
+        try:
+            rpc = JsonRpcRequest.model_validate(data)
+        except ValidationError:
+            response = rpc_error(JsonRpcErrorCode.INVALID_REQUEST, "invalid JSON-RPC request")
+        else:
+            response = await handle_rpc(service, rpc, bound=session)
+        return json.dumps({"type": "mcp", "data": response.model_dump()})
+    if kind == "close":
+        return None
+    raise ServiceError(ApiErrorCode.INVALID_REQUEST, f"unknown message type {kind!r}; expected reset, step, state, mcp or close")
+
+
+@router.websocket("/ws")
+async def websocket_session(websocket: WebSocket) -> None:
+    """One connection = one session = one sandbox, freed the moment the connection drops.
+    `?session_id=` attaches to an existing (HTTP/MCP) session instead, which then outlives it."""
+    service = service_of(websocket)
+    await websocket.accept()
+    attach = websocket.query_params.get("session_id")
+    try:
+        session = service.sessions.get(attach) if attach else service.sessions.open()
+    except ServiceError as exc:
+        await websocket.send_text(_ws_error(exc))
+        await websocket.close()
+        return
+    try:
+        while True:
+            frame = await websocket.receive()
+            if frame["type"] == "websocket.disconnect":
+                break
+            raw = frame.get("text") if frame.get("text") is not None else (frame.get("bytes") or b"").decode("utf-8", "replace")
+            try:
+                reply = await _ws_reply(service, session, raw)
+            except ServiceError as exc:
+                reply = _ws_error(exc)
+            if reply is None:
+                break
+            await websocket.send_text(reply)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if not attach:
+            try:
+                await service.sessions.close(session.id)
+            except ServiceError:
+                pass  # already closed (idle reaper)
+    try:
+        await websocket.close()
+    except RuntimeError:
+        pass  # the client has gone
