@@ -1,4 +1,5 @@
-"""Whole episodes through the real service and real sandboxes, over each transport."""
+"""Whole episodes through the real service and real sandboxes, over each transport; the episode
+itself on each sandbox backend (Docker, and bubblewrap for hosts without Docker)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from env_server.models import EpisodeRecord
 from env_server.tasks import builtin
+from tests.sandbox.support import BACKENDS
 from tests.service.conftest import HttpSession
 from tests.support.service import RunningService
 
@@ -18,6 +21,7 @@ FIZZBUZZ = builtin.BuiltinSuite().get("builtin/fizzbuzz")
 SOLUTION = FIZZBUZZ.metadata["solution"]["solution.py"]
 
 
+@pytest.mark.parametrize("sandbox_backend", BACKENDS)
 def test_http_session_episode_solves_the_task_and_records_it(session: HttpSession, client: httpx.Client, service: RunningService) -> None:
     reset = session.reset(task_id="builtin/fizzbuzz")
     assert reset["observation"]["task_id"] == "builtin/fizzbuzz"
@@ -48,6 +52,7 @@ def test_http_session_episode_solves_the_task_and_records_it(session: HttpSessio
     assert any(r["episode_id"] == trajectory.episode_id and r["reward"] == 1.0 for r in logged)
 
 
+@pytest.mark.parametrize("sandbox_backend", BACKENDS)
 def test_raw_assistant_message_and_json_text_arguments_are_repaired(session: HttpSession, client: httpx.Client) -> None:
     session.reset(task_id="builtin/fizzbuzz")
     message = (
@@ -64,6 +69,7 @@ def test_raw_assistant_message_and_json_text_arguments_are_repaired(session: Htt
     assert steps[0]["parsed_call"] == {"tool_name": "write_file", "arguments": {"path": "note.txt", "content": 'say "hi"\n'}}
 
 
+@pytest.mark.parametrize("sandbox_backend", BACKENDS)
 def test_step_limit_grades_automatically(session: HttpSession) -> None:
     task = builtin.BuiltinSuite().get("builtin/fizzbuzz").model_copy(update={"id": "inline/fizzbuzz-2-steps"})
     task = task.model_copy(update={"limits": task.limits.model_copy(update={"max_steps": 2})})

@@ -19,8 +19,9 @@ from env_server.hints import HintGenerator
 from env_server.settings import HintSettings
 from env_server.tools import TOOLS
 from sandbox import Sandbox, SandboxSpec, open_sandbox
+from tests.sandbox.support import BACKENDS
 from tests.service.conftest import HttpSession, containers_of
-from tests.support.service import builtin_registry
+from tests.support.service import SharedServices, builtin_registry
 
 ADD_TASK = {
     "id": "inline/add",
@@ -90,10 +91,11 @@ AGENT_SABOTAGE = {
 
 
 @pytest.mark.parametrize("command", AGENT_SABOTAGE.values(), ids=AGENT_SABOTAGE.keys())
-def test_what_the_agent_does_to_its_sandbox_scores_0_never_null(make_service: Callable[..., str], command: str) -> None:
+@pytest.mark.parametrize("sandbox_backend", BACKENDS)
+def test_what_the_agent_does_to_its_sandbox_scores_0_never_null(services: SharedServices, sandbox_backend: str, command: str) -> None:
     # 256 MB of memory: the default workspace tmpfs (256 MB) alone can fill it.
-    url = make_service(pool_size=1, grading_pool_size=1, sandbox={"memory_mb": 256, "pids": 64})
-    with httpx.Client(base_url=url, timeout=300) as client:
+    service = services.get(pool_size=1, grading_pool_size=1, sandbox_backend=sandbox_backend, sandbox={"memory_mb": 256, "pids": 64})
+    with httpx.Client(base_url=service.url, timeout=300) as client:
         session = HttpSession(client)
         session.reset(task=_task())
         result = _bash(session, command, timeout_s=10)
