@@ -84,6 +84,8 @@ def running_service(settings: ServiceSettings, app: FastAPI | None = None) -> It
 
 @dataclass(frozen=True)
 class RunningService:
+    """A started service: where to reach it and what it was told (its trajectory log, its token)."""
+
     url: str
     settings: ServiceSettings
 
