@@ -122,7 +122,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         fp16=False,
         activation_checkpointing=False,
         max_steps=mode["steps"],
-        per_device_train_batch_size=4,
+        # 4 rollouts (2 prompts x 2 generations) per optimizer step, in two backward passes of 2:
+        # one pass over 4 full rollouts held ~20 GB of activations on CPU (the run was OOM-killed).
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
         num_generations=2,
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns - 1,
@@ -249,7 +252,7 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks (~15 min)")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    parser.add_argument("--max-completion-length", type=int, default=2048, help="tokens of a rollout / eval episode")
+    parser.add_argument("--max-completion-length", type=int, default=1024, help="tokens of a rollout / eval episode")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens of one assistant turn in evaluation")
     parser.add_argument("--max-turns", type=int, default=8, help="assistant turns per rollout / eval episode")
     for name, value in MODES["full"].items():
