@@ -18,10 +18,12 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     settings = ServiceSettings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # With --fd the socket is already bound (by a process supervisor, or a test that holds the port
+    # across restarts), so no other process can take the port between choosing and binding it.
+    where = {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
     uvicorn.run(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
+        **where,
         log_level=settings.log_level,
         ws_max_size=settings.max_body_bytes,
         timeout_graceful_shutdown=30,
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser = commands.add_parser("serve", help="run the HTTP/WebSocket service (settings: CODING_ENV_* variables)")
     serve_parser.add_argument("--host", help="interface to bind (default: CODING_ENV_HOST or 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, help="TCP port (default: CODING_ENV_PORT or 8000)")
+    serve_parser.add_argument("--fd", type=int, help="serve on an inherited, already bound and listening socket (host and port are then ignored)")
     serve_parser.set_defaults(func=serve)
     _mount_optional(commands)
     return parser

@@ -116,12 +116,13 @@ def test_hundred_sessions_leave_no_container(make_service: Callable[..., str], d
     assert leftovers == []
 
 
-def _serve(port: int, **env: str) -> subprocess.Popen[str]:
-    """`coding-env serve` in a child process; returns once uvicorn reports start-up complete."""
+def _serve(listener: socket.socket, **env: str) -> subprocess.Popen[str]:
+    """`coding-env serve --fd` on the test's bound socket in a child process; returns once uvicorn
+    reports start-up complete. The test holds the socket, so a restart gets the same port."""
     variables = {**os.environ, "CODING_ENV_POOL_SIZE": "1", **env}
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("coding-env")), "serve", "--port", str(port)],
-        env=variables, stderr=subprocess.PIPE, text=True,
+        [str(Path(sys.executable).with_name("coding-env")), "serve", "--fd", str(listener.fileno())],
+        env=variables, stderr=subprocess.PIPE, text=True, pass_fds=[listener.fileno()],
     )
     for line in process.stderr:
         if "Application startup complete" in line:
@@ -131,10 +132,9 @@ def _serve(port: int, **env: str) -> subprocess.Popen[str]:
 
 
 def test_orphans_of_a_killed_server_are_reaped_at_restart(docker_client: docker.DockerClient) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = _serve(port)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = _serve(listener)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             session = HttpSession(client)
@@ -143,7 +143,7 @@ def test_orphans_of_a_killed_server_are_reaped_at_restart(docker_client: docker.
         server.send_signal(signal.SIGKILL)
         server.wait()
         assert len(containers_of(docker_client, sandbox_id)) == 1  # left behind by the killed server
-        restarted = _serve(port)
+        restarted = _serve(listener)
         try:
             assert containers_of(docker_client, sandbox_id) == []  # reaped before start-up completed
         finally:
@@ -156,6 +156,7 @@ def test_orphans_of_a_killed_server_are_reaped_at_restart(docker_client: docker.
     finally:
         if server.poll() is None:
             server.kill()
+        listener.close()
 
 
 def test_metrics_count_steps_kinds_and_grades(client: httpx.Client, session: HttpSession) -> None:
