@@ -112,7 +112,10 @@ def test_hundred_sessions_leave_no_container(make_service: Callable[..., str], d
     with ThreadPoolExecutor(8) as threads:
         sandbox_ids = list(threads.map(one_session, range(100)))
     assert len(set(sandbox_ids)) == 100
-    leftovers = [c for c in docker_client.containers.list(all=True, filters={"label": SANDBOX_ID_LABEL}) if c.labels[SANDBOX_ID_LABEL] in sandbox_ids]
+    # The list endpoint's own records (no inspect per container): other services' sandboxes may be
+    # removed while this runs, and inspecting one that is gone raises NotFound.
+    listed = docker_client.api.containers(all=True, filters={"label": SANDBOX_ID_LABEL})
+    leftovers = [c["Id"] for c in listed if c["Labels"][SANDBOX_ID_LABEL] in sandbox_ids]
     assert leftovers == []
 
 
