@@ -32,7 +32,8 @@ with httpx.Client(base_url=base_url, timeout=120) as http:
             print(f"{tool_name}: error_kind={observation['error_kind']}\n{observation['output']}")
 
         result = step("submit")
-        print("done:", result["done"], "reward:", result["reward"], "tests:", result["metadata"]["tests_passed"], "/", result["metadata"]["tests_total"])
+        graded = result["observation"]
+        print("done:", result["done"], "reward:", result["reward"], "tests:", graded["tests_passed"], "/", graded["tests_total"])
         trajectory = http.get(f"/sessions/{session_id}/trajectory").raise_for_status().json()
         print("recorded steps:", len(trajectory["steps"]))
     finally:
