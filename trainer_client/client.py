@@ -76,8 +76,10 @@ class StepResult(BaseModel):
     """One tool call's answer."""
 
     observation: ToolResult
+    """The typed result: output, `error_kind` and hint, and after grading `tests_passed`, `tests_total`,
+    `end_reason`, the step's and the episode's monitor flags."""
     metadata: dict[str, Any] = Field(default_factory=dict)
-    """Grading facts after `submit` (`tests_passed`, `tests_total`, ...) and anything else the tool reports."""
+    """Extensions (and, for older readers, copies of some typed fields)."""
     reward: float | None = None
     done: bool = False
 
