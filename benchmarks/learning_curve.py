@@ -15,9 +15,11 @@ Usage:
     python benchmarks/learning_curve.py --warm-start out/sft_smollm2 --demos data/demos.jsonl \\
         --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick]
 
-Full mode: 3 seeds x 3 arms x 6 steps, evaluation at steps 0, 3, 6 on 8 held-out tasks: designed
-for <= 2 h on a quiet 2-core machine at the measured ~100 s per GRPO step; `--quick`: 1 seed, 2 steps,
-4 tasks (~15 min). Writes results.json, learning_curve.png and table.md under --out.
+Full mode: 3 seeds x 3 arms x 6 steps, evaluation at steps 0, 3, 6 on 8 held-out tasks; `--quick`:
+1 seed, 2 steps, 4 tasks. They were designed for 2 h and 15 min at ~100 s per GRPO step; on the 2-core
+box a warm-started SmolLM2 step measured 430 s alone (docs/benchmarks.md), so there the quick mode takes
+about 1.5 h and the full mode most of a day: use a GPU or fewer arms/seeds per run (results are resumable).
+Writes results.json, learning_curve.png and table.md under --out.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def main() -> int:
     parser.add_argument("--env-url", required=True)
     parser.add_argument("--api-token")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks (~15 min)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--max-completion-length", type=int, default=1024, help="tokens of a rollout / eval episode")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens of one assistant turn in evaluation")
