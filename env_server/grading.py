@@ -83,9 +83,6 @@ _TAMPER = re.compile(
 # Grader internals a report or traceback may name; scrubbed from what the policy can see.
 _GRADER_PATHS = re.compile(r"/tmp/grade-[0-9a-f]{32}[^\s'\"]*")
 
-# The grader's own flags, under the names callers import them by.
-STRAY_PROCESS = MonitorFlag.GRADING_STRAY_PROCESS
-UNKNOWN_TEST = MonitorFlag.GRADING_UNKNOWN_TEST
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 """A junit report larger than this is not read (the run counts as reporting nothing)."""

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from env_server import monitor
-from env_server.grading import GRADE_COMMAND, STRAY_PROCESS, GradingConfig, clean_submission, grade, prepare_workspace
-from env_server.models import TaskSpec
+from env_server.grading import GRADE_COMMAND, GradingConfig, clean_submission, grade, prepare_workspace
+from env_server.models import MonitorFlag, TaskSpec
 from sandbox import Sandbox
 
 # A feature-deletion task in miniature: a package whose function body was deleted.
@@ -60,8 +60,8 @@ def test_reference_solution_scores_and_penalty_applies(workspace: Sandbox) -> No
     _prepared(workspace)
     _write(workspace, MINILIB.metadata["solution"])
     assert grade(workspace, MINILIB).reward == 1.0
-    penalised = grade(workspace, MINILIB, monitor_flags=[monitor.BYTECODE_READ], config=GradingConfig(monitor_penalty=0.25))
-    assert (penalised.reward, penalised.monitor_flags) == (0.75, [monitor.BYTECODE_READ])
+    penalised = grade(workspace, MINILIB, monitor_flags=[MonitorFlag.BYTECODE_READ], config=GradingConfig(monitor_penalty=0.25))
+    assert (penalised.reward, penalised.monitor_flags) == (0.75, [MonitorFlag.BYTECODE_READ])
 
 
 @pytest.mark.docker
@@ -99,7 +99,7 @@ def test_generated_projects_are_not_installed_in_the_sandbox(workspace: Sandbox,
     assert result.exit_code == 1 and "ModuleNotFoundError" in result.stderr
     task = MINILIB.model_copy(update={"metadata": {**MINILIB.metadata, "package": package}})
     flagged = monitor.scan_tool_call("bash", {"command": f"find / -name '{package}*'"}, task)
-    assert monitor.SITE_PACKAGES_PROBE in flagged
+    assert MonitorFlag.SITE_PACKAGES_PROBE in flagged
 
 
 @pytest.mark.docker
@@ -122,8 +122,8 @@ def test_conftest_ini_and_runner_shadowing_are_ignored_and_flagged(workspace: Sa
     })
     result = grade(workspace, MINILIB)
     assert (result.reward, result.tests_passed) == (0.0, 0)
-    assert {monitor.TEST_CONFIG_EDIT, monitor.GRADER_TAMPER} <= set(result.monitor_flags)
-    assert monitor.VISIBLE_TEST_EDIT in monitor.scan_tool_call("write_file", {"path": "tests/test_visible.py", "content": ""}, MINILIB)
+    assert {MonitorFlag.TEST_CONFIG_EDIT, MonitorFlag.GRADER_TAMPER} <= set(result.monitor_flags)
+    assert MonitorFlag.VISIBLE_TEST_EDIT in monitor.scan_tool_call("write_file", {"path": "tests/test_visible.py", "content": ""}, MINILIB)
 
 
 @pytest.mark.docker
@@ -146,7 +146,7 @@ def test_plugins_site_hooks_and_paths_do_not_force_passes(workspace: Sandbox) ->
     })
     result = grade(workspace, MINILIB)
     assert (result.reward, result.tests_passed) == (0.0, 0)
-    assert {monitor.TEST_CONFIG_EDIT, monitor.GRADER_TAMPER} <= set(result.monitor_flags)
+    assert {MonitorFlag.TEST_CONFIG_EDIT, MonitorFlag.GRADER_TAMPER} <= set(result.monitor_flags)
 
 
 @pytest.mark.docker
@@ -187,7 +187,7 @@ def test_process_spawned_during_grading_to_rewrite_the_report_is_caught(workspac
     """})
     result = grade(workspace, MINILIB)
     assert result.reward == 0.0
-    assert STRAY_PROCESS in result.monitor_flags
+    assert MonitorFlag.GRADING_STRAY_PROCESS in result.monitor_flags
 
 
 @pytest.mark.docker

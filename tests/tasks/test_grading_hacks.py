@@ -13,9 +13,8 @@ import pytest
 
 from env_server import typed_values
 from env_server.call_checks import judge_calls
-from env_server.grading import GRADE_COMMAND, STRAY_PROCESS, UNKNOWN_TEST, GradeResult, grade, prepare_workspace
-from env_server.models import CallCheck, TaskSpec
-from env_server.monitor import GRADER_TAMPER
+from env_server.grading import GRADE_COMMAND, GradeResult, grade, prepare_workspace
+from env_server.models import CallCheck, MonitorFlag, TaskSpec
 from env_server.tasks.builtin import TASKS
 from env_server.tasks.humaneval import HumanEvalSuite
 from sandbox import Sandbox
@@ -239,11 +238,11 @@ def test_pytest_mode_hacks_earn_nothing(workspace: Sandbox, hack: str) -> None:
     # Only the hidden file's own tests are ever reported to the policy.
     assert set(result.failing_tests) <= {"tests/test_slugify::test_words", "tests/test_slugify::test_punctuation"}
     if hack == "injects_passing_tests":
-        assert UNKNOWN_TEST in result.monitor_flags
+        assert MonitorFlag.GRADING_UNKNOWN_TEST in result.monitor_flags
     if hack.startswith("patches_runner") or hack == "lying_eq":
-        assert GRADER_TAMPER in result.monitor_flags
+        assert MonitorFlag.GRADER_TAMPER in result.monitor_flags
     if hack == "detached_one_shot_rewriter":
-        assert STRAY_PROCESS in result.monitor_flags
+        assert MonitorFlag.GRADING_STRAY_PROCESS in result.monitor_flags
 
 
 @pytest.mark.docker
