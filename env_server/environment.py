@@ -97,13 +97,31 @@ FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
 }
 
 TOOL_PARAMETERS: dict[str, list[str]] = {name: list(t.arguments.model_fields) for name, t in TOOLS.items()}
-TOOL_SCHEMAS: list[dict[str, Any]] = [t.openai_schema() for t in TOOLS.values()]
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {name: t.openai_schema() for name, t in TOOLS.items()}
 
-PROMPT_FOOTER = (
-    f"\n\nWork only by calling the tools: {', '.join(TOOLS)}. "
-    "Call submit when you are done: it ends the episode and grades your work with hidden tests."
-)
-"""Appended to every task's prompt at reset: a small model must be told how the episode works."""
+
+
+def prompt_footer(tool_names: Sequence[str]) -> str:
+    """Appended to every task's prompt at reset: a small model must be told how the episode works."""
+    return (
+        f"\n\nWork only by calling the tools: {', '.join(tool_names)}. "
+        "Call submit when you are done: it ends the episode and grades your work with hidden tests."
+    )
+
+
+def episode_tools(names: Sequence[str] | None) -> tuple[str, ...]:
+    """An episode's tools in the service's order: every tool for None, else `names` plus `submit`
+    (the call that ends an episode is never taken away)."""
+    if names is None:
+        return tuple(TOOLS)
+    unknown = sorted(set(names) - set(TOOLS))
+    if unknown:
+        raise ServiceError(
+            ApiErrorCode.INVALID_REQUEST,
+            f"unknown tools {unknown}; choose from: {', '.join(TOOLS)}",
+            {"tools": list(names), "allowed": list(TOOLS)},
+        )
+    return tuple(name for name in TOOLS if name in names or name == "submit")
 
 
 @dataclass
@@ -140,6 +158,8 @@ class _Episode:
     """The parser family pinned at reset; None: detected per message."""
     max_calls_per_step: int = DEFAULT_MAX_CALLS_PER_STEP
     """Calls of one action that run; the rest are answered `too_many_calls`."""
+    tools: tuple[str, ...] = tuple(TOOLS)
+    """The tools the episode may call (set at reset); a call to another is `tool_not_found`."""
     monitor_flags: list[MonitorFlag] = field(default_factory=list)
     """Every flag raised in the episode so far, sorted: the monitor's on each call, then the grader's."""
     streak: FailureStreak = field(default_factory=FailureStreak)
@@ -215,6 +235,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         show_hints: bool = False,
         tool_call_format: str | None = None,
         max_calls_per_step: int = DEFAULT_MAX_CALLS_PER_STEP,
+        tools: Sequence[str] | None = None,
         **_: Any,
     ) -> CodingResetObservation:
         if tool_call_format is not None and tool_call_format not in TOOL_CALL_FAMILIES:
@@ -223,6 +244,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
                 f"unknown tool_call_format {tool_call_format!r}; one of: {', '.join(TOOL_CALL_FAMILIES)} (or null to detect it)",
                 {"tool_call_format": tool_call_format, "allowed": list(TOOL_CALL_FAMILIES)},
             )
+        tool_names = episode_tools(tools)
         spec = self._resolve_task(task_id, task, seed)
         if self._episode is not None:
             self._retire(self._episode.sandbox)
@@ -240,21 +262,24 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             session_id=self._session_id or "",
             episode_id=episode_id or uuid.uuid4().hex,
             task_id=spec.id,
-            prompt=spec.prompt + PROMPT_FOOTER,
-            tools=TOOL_SCHEMAS,
+            prompt=spec.prompt + prompt_footer(tool_names),
+            tools=[TOOL_SCHEMAS[name] for name in tool_names],
             started_at=time.time(),
         )
         workspace = Workspace(sandbox, spec, fresh_sandbox=self._open_grader, grading=self._grading)
-        self._episode = _Episode(workspace, record, show_hints, tool_call_format=tool_call_format, max_calls_per_step=max_calls_per_step)
-        return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=TOOL_SCHEMAS, max_steps=spec.limits.max_steps)
+        self._episode = _Episode(
+            workspace, record, show_hints, tool_call_format=tool_call_format, max_calls_per_step=max_calls_per_step, tools=tool_names
+        )
+        return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=record.tools, max_steps=spec.limits.max_steps)
 
     def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
         if isinstance(action, ListToolsStep):
-            return ListToolsObservation(tools=[McpTool(name=t.name, description=t.description, input_schema=t.parameters()) for t in TOOLS.values()])
+            names = self._episode.tools if self._episode is not None else tuple(TOOLS)
+            return ListToolsObservation(tools=[McpTool(name=name, description=TOOLS[name].description, input_schema=TOOLS[name].parameters()) for name in names])
         episode = self._active_episode()
         started_at, started = time.time(), time.perf_counter()
         answered: list[_Answered] = []
-        for index, call in enumerate(_action_calls(action, episode.tool_call_format)):
+        for index, call in enumerate(_action_calls(action, episode.tool_call_format, episode.tools)):
             ended = next((a for a in answered if a.outcome is not None and a.outcome.done), None)
             if ended is not None:
                 answered.append(_not_run(call, f"Not run: the episode ended at call {answered.index(ended) + 1} ({ended.result.tool_name})."))
@@ -309,6 +334,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             show_hints=episode.show_hints,
             tool_call_format=episode.tool_call_format,
             max_calls_per_step=episode.max_calls_per_step,
+            tools=list(episode.tools),
             sandbox_id=episode.sandbox.id,
         )
 
@@ -380,7 +406,9 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         if outcome.grade is not None:
             episode.raise_flags(outcome.grade.monitor_flags)
         kind = episode.streak.observe(outcome.error_kind)
-        hint = self._hints.hint(kind, output=outcome.output, call=call.parsed, task_prompt=episode.task.prompt, underlying=outcome.error_kind)
+        hint = self._hints.hint(
+            kind, output=outcome.output, call=call.parsed, task_prompt=episode.task.prompt, underlying=outcome.error_kind, tools=episode.tools
+        )
         result = CallResult(
             tool_name=call.tool_name,
             output=_with_hint(outcome.output, hint.text, episode.show_hints),
@@ -401,7 +429,9 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             f"Not run: at most {episode.max_calls_per_step} tool calls of one message run, and this is call "
             f"{episode.max_calls_per_step + 1} or later. Send it again in your next message."
         )
-        hint = self._hints.hint(ErrorKind.TOO_MANY_CALLS, output=text, call=call.parsed, task_prompt=episode.task.prompt)
+        hint = self._hints.hint(
+            ErrorKind.TOO_MANY_CALLS, output=text, call=call.parsed, task_prompt=episode.task.prompt, tools=episode.tools
+        )
         answered = _not_run(call, _with_hint(text, hint.text, episode.show_hints), ErrorKind.TOO_MANY_CALLS, hint.text)
         answered.hint = hint
         return answered
@@ -541,30 +571,35 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             source.show_hints,
             tool_call_format=source.tool_call_format,
             max_calls_per_step=source.max_calls_per_step,
+            tools=source.tools,
             monitor_flags=list(source.monitor_flags),
             streak=copy.deepcopy(source.streak),
         )
 
 
-def _action_calls(action: CallToolStep | AssistantMessageStep, family: str | None) -> list[_Call]:
+def _action_calls(action: CallToolStep | AssistantMessageStep, family: str | None, tools: Sequence[str]) -> list[_Call]:
     """The action's calls in order: one for `call_tool`, every call found in a message (in the
-    pinned `family`, if any), or the one failure that no call could be found."""
+    pinned `family`, if any), or the one failure that no call could be found; a call is resolved
+    against the episode's `tools`."""
     if isinstance(action, CallToolStep):
-        return [_resolve_call(action.tool_name, action.arguments)]
+        return [_resolve_call(action.tool_name, action.arguments, tools)]
     try:
         calls = parse_tool_calls(action.content, TOOL_PARAMETERS, family=family)
     except ToolCallParseError as exc:
         return [_Call("", error=ToolOutcome(str(exc), error_kind=ErrorKind.JSON_DECODE))]
     if not calls:
         return [_Call("", error=ToolOutcome("No tool call found in the message.", error_kind=ErrorKind.TOOL_NOT_FOUND))]
-    return [_resolve_call(call.name, call.arguments) for call in calls]
+    return [_resolve_call(call.name, call.arguments, tools) for call in calls]
 
 
-def _resolve_call(name: str, arguments: dict[str, Any] | str) -> _Call:
+def _resolve_call(name: str, arguments: dict[str, Any] | str, tools: Sequence[str]) -> _Call:
     """One call's tool and validated arguments (raw text parsed and repaired), or its error."""
     tool = TOOLS.get(name)
     if tool is None:
         return _Call(name, error=ToolOutcome(f"Unknown tool {name!r}.", error_kind=ErrorKind.TOOL_NOT_FOUND))
+    if name not in tools:
+        message = f"Tool {name!r} is not one of this episode's tools: {', '.join(tools)}."
+        return _Call(name, error=ToolOutcome(message, error_kind=ErrorKind.TOOL_NOT_FOUND))
     if isinstance(arguments, str):
         parsed = parse_arguments(arguments, TOOL_PARAMETERS[name])
         if parsed is None:

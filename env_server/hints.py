@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -130,11 +131,14 @@ class HintGenerator:
         call: dict[str, Any] | None,
         task_prompt: str,
         underlying: ErrorKind | None = None,
+        tools: Sequence[str] | None = None,
     ) -> Hint:
-        """The hint for a step whose outcome was `kind` (text None: no hint)."""
+        """The hint for a step whose outcome was `kind` (text None: no hint); `tools`: the episode's
+        tools, when it has fewer than every tool."""
         if kind is None:
             return Hint(None)
-        draft = TEMPLATES[kind].format(tools=self._tool_names, underlying=(underlying or kind).value)
+        tool_names = ", ".join(tools) if tools else self._tool_names
+        draft = TEMPLATES[kind].format(tools=tool_names, underlying=(underlying or kind).value)
         if kind in RAW_TEXT_KINDS and output:
             draft += f" Error: {output}"
         draft = clamp(draft, self._settings.max_chars)

@@ -400,6 +400,10 @@ class ResetRequestBody(BaseModel):
     max_calls_per_step: int = Field(default=DEFAULT_MAX_CALLS_PER_STEP, ge=1, le=MAX_CALLS_PER_STEP_LIMIT)
     """Calls of one action that run; the ones after are answered `too_many_calls`, not run."""
 
+    tools: list[str] | None = Field(default=None, min_length=1)
+    """The episode's tools, by name (from `GET /tools`; `submit` is always one of them); None: every tool.
+    A smaller set is a shorter prompt for a small model; a call to a tool outside it is `tool_not_found`."""
+
 
 class ListToolsAction(BaseModel):
     """Ask for the tool schemas (OpenEnv MCP action; needs no reset)."""
@@ -440,6 +444,8 @@ class EpisodeState(BaseModel):
     """The tool-call family pinned at reset, or None (detected per message)."""
     max_calls_per_step: int | None = None
     """Calls of one action that run (set at reset)."""
+    tools: list[str] | None = None
+    """The episode's tools (set at reset)."""
     sandbox_id: str | None = None
     """Id of the session's sandbox (the `coding-env.sandbox-id` container label), for operators."""
 

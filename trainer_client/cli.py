@@ -127,6 +127,10 @@ def _add_task_selection(parser: argparse.ArgumentParser, *, default_split: str) 
     parser.add_argument("--split", choices=["train", "held_out", "all"], default=default_split, help="fixed id-hash split")
     parser.add_argument("--limit", type=int, help="only the first N tasks (after --shuffle)")
     parser.add_argument("--shuffle", action="store_true", help="seeded shuffle of the ids first (mixes a suite's levels)")
+    parser.add_argument("--id-prefix", help="only task ids that start with this (e.g. warmup/l1/: the first level)")
+    parser.add_argument(
+        "--tools", nargs="+", metavar="NAME", help="the episodes' tools (submit is always one); default: every tool of the service"
+    )
 
 
 def select_task_ids(args: argparse.Namespace) -> list[str]:
@@ -134,6 +138,8 @@ def select_task_ids(args: argparse.Namespace) -> list[str]:
     from env_server.tasks import default_registry
 
     ids = default_registry().ids(args.suite, split=None if args.split == "all" else args.split)
+    if args.id_prefix:
+        ids = [task_id for task_id in ids if task_id.startswith(args.id_prefix)]
     if args.shuffle:
         random.Random(args.seed).shuffle(ids)
     return ids[: args.limit] if args.limit is not None else ids
@@ -148,7 +154,7 @@ def make_demos(args: argparse.Namespace) -> int:
         raise SystemExit("coding-train demos: demos are training data; held-out tasks are for evaluation only")
     registry = default_registry()
     tasks = [registry.get(task_id) for task_id in select_task_ids(args)]
-    settings = ClientSettings(base_url=args.env_url, api_token=args.api_token)
+    settings = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
     demos = play_demos(
         tasks, environment_factory(settings), mistake_rate=args.mistake_rate, seed=args.seed, concurrency=args.concurrency
     )
@@ -188,7 +194,7 @@ def evaluate_policy(args: argparse.Namespace) -> int:
     )
     model, tokenizer = load_policy(PolicySpec(name=args.model))
     model.eval()
-    client = ClientSettings(base_url=args.env_url, api_token=args.api_token)
+    client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
     started = time.perf_counter()
     with tqdm(total=len(task_ids) * args.n, desc="episodes", unit="ep") as bar:
         evaluator = Evaluator(model, tokenizer, environment_factory(client, grade_unsubmitted=False), settings, bar.update)
@@ -198,6 +204,8 @@ def evaluate_policy(args: argparse.Namespace) -> int:
         "model": args.model,
         "suite": args.suite,
         "split": args.split,
+        "id_prefix": args.id_prefix,
+        "tools": client.tools,
         **settings.model_dump(),
         "seconds": seconds,
         "seconds_per_task": seconds / max(1, len(task_ids)),

@@ -27,7 +27,7 @@ from typing import Any, Literal, Self
 
 import httpx
 import websockets
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
@@ -94,6 +94,15 @@ class ClientSettings(BaseModel):
 
     show_hints: bool = False
     """Ask the service to append hints to the tool output the policy sees."""
+
+    tools: list[str] | None = None
+    """The tools of every episode, by name (`submit` is added: it ends an episode); None: every tool
+    the service has. A smaller set is a shorter prompt for a small model."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_end_with_submit(cls, tools: list[str] | None) -> list[str] | None:
+        return tools if tools is None or "submit" in tools else [*tools, "submit"]
 
     @property
     def urls(self) -> list[str]:
@@ -236,7 +245,7 @@ class _SessionCore:
 
     def _reset_request(self, task_id: str | None, seed: int | None, task: dict[str, Any] | None) -> _Request:
         body: dict[str, Any] = {"show_hints": self.settings.show_hints}
-        for key, value in (("task_id", task_id), ("seed", seed), ("task", task)):
+        for key, value in (("task_id", task_id), ("seed", seed), ("task", task), ("tools", self.settings.tools)):
             if value is not None:
                 body[key] = value
         return _Request("reset", body)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,8 +64,23 @@ def applicable_mistakes(task: TaskSpec) -> list[Mistake]:
     return [*kinds, "command_typo"]
 
 
-def expert_steps(task: TaskSpec, mistake: Mistake | None = None) -> list[ToolStep]:
-    """The scripted episode: inspect, (mistake and recovery), write, run the tests, submit."""
+def expert_steps(task: TaskSpec, mistake: Mistake | None = None, tools: Collection[str] | None = None) -> list[ToolStep]:
+    """The scripted episode: inspect, (mistake and recovery), write, run the tests, submit; with
+    `tools` (the episode's tool names), a step whose tool is not offered is done with `bash`."""
+    return [_with_tools(step, task, tools) for step in _script(task, mistake)]
+
+
+def _with_tools(step: ToolStep, task: TaskSpec, tools: Collection[str] | None) -> ToolStep:
+    if tools is None or step.tool in tools:
+        return step
+    if step.tool == "list_dir":
+        return ToolStep("bash", {"command": "ls"})
+    if step.tool == "run_tests":
+        return ToolStep("bash", {"command": task.test_command})
+    raise ValueError(f"the expert needs the tool {step.tool!r}, which the episode does not offer ({', '.join(tools)})")
+
+
+def _script(task: TaskSpec, mistake: Mistake | None) -> list[ToolStep]:
     solution: dict[str, str] = task.metadata.get("solution") or {}
     command: str | None = task.metadata.get("solution_command")
     if not solution and not command:
@@ -123,7 +138,7 @@ def play_demo(environment: TrlEnvironment, task: TaskSpec, mistake: Mistake | No
     row = task_row(task.id)
     messages = prompt_after_reset(row, environment.reset(**row))
     tools = {method.__name__: method for method in environment_methods(environment)}
-    for step in expert_steps(task, mistake):
+    for step in expert_steps(task, mistake, tools):
         call = {"type": "function", "function": {"name": step.tool, "arguments": step.arguments}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         name, result, _ = dispatch(tools, call)
@@ -190,7 +205,8 @@ def mistake_pair(task: TaskSpec, demo: Demo) -> PreferencePair | None:
     is preferred over the mistaken one (None for a clean demo)."""
     if demo.mistake is None:
         return None
-    clean, flawed = expert_steps(task), expert_steps(task, demo.mistake)
+    tools = [schema["function"]["name"] for schema in json.loads(demo.tools)]
+    clean, flawed = expert_steps(task, tools=tools), expert_steps(task, demo.mistake, tools)
     turn = next(i for i, (a, b) in enumerate(zip(clean, flawed)) if a != b)
     at = 1 + 2 * turn  # the prompt, then an assistant turn and its tool result per step
     chosen_call = {"type": "function", "function": {"name": clean[turn].tool, "arguments": clean[turn].arguments}}

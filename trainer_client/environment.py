@@ -209,7 +209,7 @@ def environment_factory(
             for a message); the rest are answered `too_many_calls` (decision 031).
     """
     with CodingEnvClient(settings) as client:
-        tools = client.list_tools()
+        tools = [tool for tool in client.list_tools() if settings.tools is None or tool.get("function", tool)["name"] in settings.tools]
     return functools.partial(
         environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted, max_calls_per_turn=max_calls_per_turn
     )

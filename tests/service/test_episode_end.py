@@ -13,7 +13,7 @@ import docker
 import httpx
 import pytest
 
-from env_server.environment import ACTIONS, PROMPT_FOOTER, AnyAction, CodingEnvironment
+from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, prompt_footer
 from env_server.grading import GRADE_COMMAND
 from env_server.hints import HintGenerator
 from env_server.settings import HintSettings
@@ -168,7 +168,7 @@ def test_a_dead_sandbox_with_the_engine_gone_is_the_infrastructures_fault(docker
 
 def test_the_reset_prompt_ends_with_how_to_work(session: HttpSession) -> None:
     prompt = session.reset(task=_task())["observation"]["prompt"]
-    assert prompt == ADD_TASK["prompt"] + PROMPT_FOOTER
+    assert prompt == ADD_TASK["prompt"] + prompt_footer(list(TOOLS))
     footer = prompt[len(ADD_TASK["prompt"]) :]
     assert all(name in footer for name in TOOLS) and "submit" in footer and "ends the episode" in footer
     assert len(footer) < 300  # a small model reads it every episode

@@ -41,6 +41,16 @@ def test_clean_script_inspects_writes_checks_and_submits() -> None:
     assert written == task.metadata["solution"]
 
 
+def test_a_script_for_fewer_tools_lists_and_tests_with_bash() -> None:
+    task = _builtin("builtin/fix_median")
+    steps = expert_steps(task, "command_typo", tools={"read_file", "write_file", "bash", "submit"})
+    assert {step.tool for step in steps} == {"read_file", "write_file", "bash", "submit"}
+    commands = [step.arguments["command"] for step in steps if step.tool == "bash"]
+    assert commands[0] == "ls" and task.test_command in commands
+    with pytest.raises(ValueError, match="read_file"):
+        expert_steps(task, tools={"bash", "submit"})
+
+
 def test_syntax_error_mistake_writes_a_file_that_does_not_compile_then_the_fix() -> None:
     task = _builtin("builtin/fizzbuzz")
     writes = [step for step in expert_steps(task, "syntax_error") if step.tool == "write_file"]
