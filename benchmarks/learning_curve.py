@@ -42,7 +42,7 @@ ARMS: dict[str, dict[str, float]] = {
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
 MODES = {
-    "full": dict(seeds=[0, 1, 2], steps=6, eval_every=3, eval_tasks=8, eval_n=2, train_tasks=64),
+    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64),
     "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16),
 }
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
@@ -99,13 +99,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from trainer_client.client import ClientSettings
     from trainer_client.environment import environment_factory
     from trainer_client.policy import PolicySpec, load_policy
     from trainer_client.task_rows import task_row
     from trainer_client.trainer import ComposerConfig, ComposerTrainer
 
-    factory = environment_factory(ClientSettings(base_url=args.env_url, api_token=args.api_token))
+    factory = environment_factory(_client_settings(args))
     model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
     evals: list[dict[str, Any]] = []
 
@@ -124,14 +123,14 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         fp16=False,
         activation_checkpointing=False,
         max_steps=mode["steps"],
-        # 4 rollouts (2 prompts x 2 generations) per optimizer step, in two backward passes of 2:
-        # one pass over 4 full rollouts held ~20 GB of activations on CPU (the run was OOM-killed).
+        # 4 rollouts of one task per optimizer step (a group of 4 has reward variance more often than
+        # two groups of 2), in two backward passes of 2 to bound the activations held on CPU.
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
-        num_generations=2,
+        num_generations=4,
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns - 1,
-        learning_rate=1e-6,
+        learning_rate=args.learning_rate,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
@@ -154,6 +153,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         trainer.close_environments()
     train_log = [{key: row[key] for key in ("step", *TRAIN_KEYS) if key in row} for row in trainer.state.log_history if "loss" in row]
     return {"evals": evals, "train": train_log, "seconds": time.perf_counter() - started}
+
+
+def _client_settings(args: argparse.Namespace) -> Any:
+    from trainer_client.client import ClientSettings
+
+    return ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
 
 
 def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
@@ -254,9 +259,12 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    parser.add_argument("--max-completion-length", type=int, default=1024, help="tokens of a rollout / eval episode")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens of one assistant turn in evaluation")
-    parser.add_argument("--max-turns", type=int, default=8, help="assistant turns per rollout / eval episode")
+    parser.add_argument("--id-prefix", default="warmup/l1/", help="train and evaluate on warmup tasks whose id starts with this")
+    parser.add_argument("--tools", nargs="+", default=["write_file", "bash"], help="the episodes' tools (submit is added); the demos' set")
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--max-completion-length", type=int, default=512, help="tokens of a rollout / eval episode")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens of one assistant turn in evaluation")
+    parser.add_argument("--max-turns", type=int, default=7, help="assistant turns per rollout / eval episode")
     for name, value in MODES["full"].items():
         kind = int if not isinstance(value, list) else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
@@ -276,10 +284,11 @@ def main() -> int:
             pair = mistake_pair(registry.get(demo.task_id), demo)
             if pair is not None:
                 handle.write(pair.model_dump_json() + "\n")
-    train_pool = [t for t in registry.ids("warmup", split="train") if t not in demo_ids]
+    train_pool = [t for t in registry.ids("warmup", split="train") if t.startswith(args.id_prefix) and t not in demo_ids]
+    held_out = [t for t in registry.ids("warmup", split="held_out") if t.startswith(args.id_prefix)]
     tasks = {
         "train": random.Random(0).sample(train_pool, mode["train_tasks"]),
-        "eval": random.Random(1).sample(registry.ids("warmup", split="held_out"), mode["eval_tasks"]),
+        "eval": random.Random(1).sample(held_out, mode["eval_tasks"]),
     }
     steps = sorted({0, *range(mode["eval_every"], mode["steps"] + 1, mode["eval_every"])})
     results_path = args.out / "results.json"
@@ -288,11 +297,10 @@ def main() -> int:
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
 
-    from trainer_client.client import ClientSettings
     from trainer_client.environment import environment_factory
     from trainer_client.policy import PolicySpec, load_policy
 
-    factory = environment_factory(ClientSettings(base_url=args.env_url, api_token=args.api_token))
+    factory = environment_factory(_client_settings(args))
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
             model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import threading
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +76,8 @@ def _with_tools(step: ToolStep, task: TaskSpec, tools: Collection[str] | None) -
         return step
     if step.tool == "list_dir":
         return ToolStep("bash", {"command": "ls"})
+    if step.tool == "read_file":
+        return ToolStep("bash", {"command": f"cat {shlex.quote(step.arguments['path'])}"})
     if step.tool == "run_tests":
         return ToolStep("bash", {"command": task.test_command})
     raise ValueError(f"the expert needs the tool {step.tool!r}, which the episode does not offer ({', '.join(tools)})")

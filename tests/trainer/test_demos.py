@@ -47,7 +47,10 @@ def test_a_script_for_fewer_tools_lists_and_tests_with_bash() -> None:
     assert {step.tool for step in steps} == {"read_file", "write_file", "bash", "submit"}
     commands = [step.arguments["command"] for step in steps if step.tool == "bash"]
     assert commands[0] == "ls" and task.test_command in commands
-    with pytest.raises(ValueError, match="read_file"):
+    lean = expert_steps(task, tools={"write_file", "bash", "submit"})
+    assert {step.tool for step in lean} == {"write_file", "bash", "submit"}
+    assert [step.arguments["command"] for step in lean if step.tool == "bash"][1] == f"cat {next(iter(task.metadata['solution']))}"
+    with pytest.raises(ValueError, match="write_file"):
         expert_steps(task, tools={"bash", "submit"})
 
 
