@@ -11,14 +11,17 @@ t-interval (95%) when there are >= 2 seeds.
 The DPO arm's pairs come from the demos that made a mistake: at the state before the mistake the
 clean expert action is preferred over the mistaken one (`trainer_client.demos.mistake_pair`).
 
-Usage:
-    python benchmarks/learning_curve.py --warm-start out/sft_smollm2 --demos data/demos.jsonl \\
+Usage (the warm start and the benchmark use the same tasks and tool set, decision 073):
+    coding-train demos --suite warmup --split train --id-prefix warmup/l1/ --tools write_file bash \\
+        --shuffle --limit 160 --env-url http://127.0.0.1:8000 --out data/demos_l1.jsonl
+    coding-train sft --config trainer_client/configs/sft/smollm2_l1_cpu.yaml      # -> out/sft_l1
+    python benchmarks/learning_curve.py --warm-start out/sft_l1 --demos data/demos_l1.jsonl \\
         --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick]
 
-Full mode: 3 seeds x 3 arms x 6 steps, evaluation at steps 0, 3, 6 on 8 held-out tasks; `--quick`:
-1 seed, 2 steps, 4 tasks. They were designed for 2 h and 15 min at ~100 s per GRPO step; on the 2-core
-box a warm-started SmolLM2 step measured 430 s alone (docs/benchmarks.md), so there the quick mode takes
-about 1.5 h and the full mode most of a day: use a GPU or fewer arms/seeds per run (results are resumable).
+Level-1 warmup tasks, tools `write_file, bash, submit`, one task x 4 generations per step. Full mode:
+3 seeds x 3 arms x 4 steps, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample at the
+training temperature; `--quick`: 1 seed, 2 steps, 4 tasks. Measured times on the 2-core box are in
+docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
 Writes results.json, learning_curve.png and table.md under --out.
 """
 

@@ -98,8 +98,9 @@ def test_output_directory_is_a_policy_with_the_tool_template(tmp_path: Path) -> 
     assert changed
 
 
-def test_shipped_sft_config_parses() -> None:
-    path = Path(__file__).parents[2] / "trainer_client" / "configs" / "sft" / "smollm2_cpu.yaml"
+@pytest.mark.parametrize("name", ["smollm2_cpu.yaml", "smollm2_l1_cpu.yaml"])
+def test_shipped_sft_config_parses(name: str) -> None:
+    path = Path(__file__).parents[2] / "trainer_client" / "configs" / "sft" / name
     run = load_sft_config(path)
     assert run.policy.name == "smollm2-135m-instruct" and run.trainer["max_steps"] > 0
     assert yaml.safe_load(path.read_text())["output_dir"] == str(run.output_dir)
