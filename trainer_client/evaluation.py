@@ -189,32 +189,28 @@ class Evaluator:
         )
 
     def _generate_turns(self, episodes: list[Episode]) -> None:
-        """One assistant turn for every open episode.
+        """One assistant turn for every open episode, in one batch.
 
         Each episode keeps its KV cache across turns, so a turn computes only the tokens added since
-        the last one (the tool suffix and the new turn) instead of re-reading a prompt of a thousand
-        tokens and more every turn; episodes are generated one after another (a batch would need
-        caches of equal length)."""
-        import torch
+        the last one (the tool suffix and the new turn) instead of re-reading a prompt of hundreds of
+        tokens every turn; the open episodes decode together (`batched_turns`)."""
+        from trainer_client.batched_turns import generate_turns
 
         tokenizer, settings = self._tokenizer, self._settings
         sampling = {"do_sample": True, "temperature": settings.temperature} if settings.temperature > 0 else {"do_sample": False}
-        for episode in episodes:
-            budget = settings.max_completion_length - episode.completion_tokens
-            ids = torch.tensor([episode.context], device=self._model.device)
-            with torch.no_grad():
-                output = self._model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    past_key_values=episode.cache,
-                    max_new_tokens=max(1, min(settings.max_new_tokens, budget)),
-                    eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=tokenizer.pad_token_id,
-                    return_dict_in_generate=True,
-                    **sampling,
-                )
-            episode.cache = output.past_key_values
-            episode.pending = output.sequences[0, len(episode.context) :].tolist()[: max(budget, 0)]
+        budgets = [settings.max_completion_length - episode.completion_tokens for episode in episodes]
+        turns = generate_turns(
+            self._model,
+            [episode.context for episode in episodes],
+            [episode.cache for episode in episodes],
+            [max(1, min(settings.max_new_tokens, budget)) for budget in budgets],
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **sampling,
+        )
+        for episode, turn, budget in zip(episodes, turns, budgets):
+            episode.cache = turn.cache
+            episode.pending = turn.tokens[: max(budget, 0)]
 
     def _act(self, episode: Episode) -> None:
         """Parse the pending turn, run its calls as TRL would, and extend the context."""

@@ -63,15 +63,17 @@ class _ScriptedModel:
     def __init__(self, tokenizer: Any, turns: list[list[int]]) -> None:
         self.device = torch.device("cpu")
         self._header = tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
+        self._pad = tokenizer.pad_token_id
         self._turns = turns
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, past_key_values: Any = None, **_: Any) -> Any:
-        ids = input_ids[0].tolist()
-        # The evaluator hands back the cache of the episode's previous turn: here, the context it covered.
-        assert past_key_values is None or ids[: len(past_key_values)] == past_key_values
-        opened = sum(ids[i : i + len(self._header)] == self._header for i in range(len(ids)))
-        turn = self._turns[min(opened - 1, len(self._turns) - 1)][:max_new_tokens]
-        return SimpleNamespace(sequences=torch.tensor([ids + turn]), past_key_values=ids + turn)
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, **_: Any) -> Any:
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            real = [token for token, kept in zip(ids, mask) if kept]  # the batch's padding is masked out
+            opened = sum(real[i : i + len(self._header)] == self._header for i in range(len(real)))
+            rows.append(ids + self._turns[min(opened - 1, len(self._turns) - 1)][:max_new_tokens])
+        width = max(map(len, rows))
+        return SimpleNamespace(sequences=torch.tensor([row + [self._pad] * (width - len(row)) for row in rows]), past_key_values=None)
 
 
 def _builtin(task_id: str) -> Any:
