@@ -11,7 +11,6 @@ respectively: beta = 0 is the forward KL(P || Q) (mode-covering), beta = 1 the r
 
 from __future__ import annotations
 
-import math
 from typing import Literal, NamedTuple
 
 import torch
@@ -90,10 +89,16 @@ def generalized_jsd(
     elif beta == 1.0:
         divergence = kl(student_logps, teacher_logps)
     else:
-        mixture_logps = torch.logsumexp(
-            torch.stack([teacher_logps + math.log(beta), student_logps + math.log(1.0 - beta)]), dim=0
-        )
-        divergence = beta * kl(teacher_logps, mixture_logps) + (1.0 - beta) * kl(student_logps, mixture_logps)
+        # beta KL(p || m) + (1 - beta) KL(q || m) with m = beta p + (1 - beta) q, written as
+        # beta sum p log p + (1 - beta) sum q log q - sum m log m: about a third of the passes over the
+        # vocabulary of the logsumexp form (this is most of SDPO's own cost at a 49k vocabulary).
+        # log m is clamped so that a token both assign 0 gives 0, and a zero gradient, not 0 * -inf.
+        teacher_probs, student_probs = teacher_logps.exp(), student_logps.exp()
+        mixture = torch.lerp(student_probs, teacher_probs, beta)
+        mixture_entropy_term = mixture * mixture.clamp(min=torch.finfo(mixture.dtype).tiny).log()
+        divergence = (
+            beta * teacher_probs * teacher_logps + (1.0 - beta) * student_probs * student_logps - mixture_entropy_term
+        ).sum(-1)
     return _reduce(divergence, mask, reduction)
 
 
