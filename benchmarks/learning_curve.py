@@ -18,9 +18,9 @@ Usage (the warm start and the benchmark use the same tasks and tool set, decisio
     python benchmarks/learning_curve.py --warm-start out/sft_l1 --demos data/demos_l1.jsonl \\
         --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick]
 
-Level-1 warmup tasks, tools `write_file, bash, submit`, one task x 4 generations per step. Full mode:
-3 seeds x 3 arms x 4 steps, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample at the
-training temperature; `--quick`: 1 seed, 2 steps, 4 tasks. Measured times on the 2-core box are in
+Level-1 warmup tasks, tools `write_file, bash, submit`, one task per step. Full mode:
+3 seeds x 3 arms x 4 steps of 4 rollouts, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample
+at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. Measured times on the 2-core box are in
 docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
 Writes results.json, learning_curve.png and table.md under --out.
 """
@@ -45,8 +45,8 @@ ARMS: dict[str, dict[str, float]] = {
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
 MODES = {
-    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64),
-    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16),
+    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4),
+    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2),
 }
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -126,11 +126,11 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         fp16=False,
         activation_checkpointing=False,
         max_steps=mode["steps"],
-        # 4 rollouts of one task per optimizer step (a group of 4 has reward variance more often than
-        # two groups of 2), in two backward passes of 2 to bound the activations held on CPU.
+        # One task x `generations` rollouts per optimizer step (a group of 4 has reward variance more often
+        # than two groups of 2), in backward passes of 2 rollouts to bound the activations held on CPU.
         per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        num_generations=4,
+        gradient_accumulation_steps=mode["generations"] // 2,
+        num_generations=mode["generations"],
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns - 1,
         learning_rate=args.learning_rate,
