@@ -100,7 +100,6 @@ TOOL_PARAMETERS: dict[str, list[str]] = {name: list(t.arguments.model_fields) fo
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {name: t.openai_schema() for name, t in TOOLS.items()}
 
 
-
 def prompt_footer(tool_names: Sequence[str]) -> str:
     """Appended to every task's prompt at reset: a small model must be told how the episode works."""
     return (
