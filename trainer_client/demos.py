@@ -208,8 +208,10 @@ def mistake_pair(task: TaskSpec, demo: Demo) -> PreferencePair | None:
     is preferred over the mistaken one (None for a clean demo)."""
     if demo.mistake is None:
         return None
-    tools = [schema["function"]["name"] for schema in json.loads(demo.tools)]
-    clean, flawed = expert_steps(task, tools=tools), expert_steps(task, demo.mistake, tools)
+    # The tools the expert called: the script made with them is the one the demo was played with (a
+    # tool it did without, such as `read_file` done with `bash cat`, was not offered).
+    called = {call["function"]["name"] for message in demo.messages for call in message.get("tool_calls") or ()}
+    clean, flawed = expert_steps(task, tools=called), expert_steps(task, demo.mistake, called)
     turn = next(i for i, (a, b) in enumerate(zip(clean, flawed)) if a != b)
     at = 1 + 2 * turn  # the prompt, then an assistant turn and its tool result per step
     chosen_call = {"type": "function", "function": {"name": clean[turn].tool, "arguments": clean[turn].arguments}}
