@@ -208,9 +208,9 @@ class Evaluator:
             eos_token_id=tokenizer.eos_token_id,
             **sampling,
         )
-        for episode, turn, budget in zip(episodes, turns, budgets):
-            episode.cache = turn.cache
-            episode.pending = turn.tokens[: max(budget, 0)]
+        # An open episode has budget left (`_act` closes it at the cap), so each turn is already cut to its limit.
+        for episode, turn in zip(episodes, turns):
+            episode.cache, episode.pending = turn.cache, turn.tokens
 
     def _act(self, episode: Episode) -> None:
         """Parse the pending turn, run its calls as TRL would, and extend the context."""
