@@ -13,6 +13,9 @@ one run, each repeat starting from a full warm pool:
    sandbox into N started ones (no service, no checkout), to separate copying from the rest,
    with the CPU time it took: the containers' cgroups (Docker stats), dockerd and this process.
    CPU time does not depend on how loaded the machine is; wall time does.
+All three twice: with every sandbox given an inbox (`CODING_ENV_SANDBOX__INBOX_ROOT`, a temporary
+directory: the archive is written once and hard-linked into each target's inbox), then without
+(the archive is sent through each target's channel), each against a service of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -115,15 +119,16 @@ def host_cpu_ms(dockerd: Path) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK") + time.process_time() * 1000
 
 
-def time_copies(script: str, n: int, repeats: int) -> tuple[list[float], list[float]]:
+def time_copies(script: str, n: int, repeats: int, inbox_root: str | None) -> tuple[list[float], list[float]]:
     """Wall and CPU milliseconds of each copy of the workspace into `n` started sandboxes."""
     wall, cpu = [], []
     docker_api = docker.APIClient()
     dockerd = Path(f"/proc/{subprocess.check_output(['pidof', 'dockerd'], text=True).split()[0]}/stat")
-    with open_sandbox(SandboxSpec(), "docker") as source:
+    spec = SandboxSpec(inbox_root=inbox_root)
+    with open_sandbox(spec, "docker") as source:
         source.exec(script, timeout_s=120)
         for _ in range(repeats):
-            targets = [open_sandbox(SandboxSpec(), "docker") for _ in range(n)]
+            targets = [open_sandbox(spec, "docker") for _ in range(n)]
             try:
                 containers_before = container_cpu_ms([source, *targets], docker_api)
                 host_before, started = host_cpu_ms(dockerd), time.perf_counter()
@@ -137,16 +142,10 @@ def time_copies(script: str, n: int, repeats: int) -> tuple[list[float], list[fl
     return wall, cpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=8, help="forks per call, and fresh sessions in the baseline")
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--copy-repeats", type=int, default=5, help="repeats of the in-process copy (3.)")
-    parser.add_argument("--workspace-mb", type=float, default=5.0)
-    args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()}")
-    script = fill_workspace_script(args.workspace_mb)
-    process, address = start_service(pool_size=args.n, max_sessions=4 * args.n)
+def time_service(script: str, args: argparse.Namespace, inbox_root: str | None) -> tuple[float, float]:
+    """p50 of fork into N and of a fresh reset of N, against one service."""
+    settings = {"CODING_ENV_SANDBOX__INBOX_ROOT": inbox_root} if inbox_root else {}
+    process, address = start_service(pool_size=args.n, max_sessions=4 * args.n, **settings)
     base_url = f"http://{address}"
     forks, resets = [], []
     try:
@@ -163,12 +162,29 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(60)
-    fork_p50 = summary(f"fork into {args.n} (POST /sessions/{{id}}/fork)", forks)
-    reset_p50 = summary(f"fresh reset of {args.n} (open + reset, concurrent)", resets)
-    print(f"fork / fresh reset (p50): {fork_p50 / reset_p50:.2f}x")
-    wall, cpu = time_copies(script, args.n, args.copy_repeats)
-    summary(f"copy_workspace_to {args.n} started sandboxes", wall)
-    summary("  its CPU time (containers + dockerd + host)", cpu)
+    return summary(f"fork into {args.n} (POST /sessions/{{id}}/fork)", forks), summary(
+        f"fresh reset of {args.n} (open + reset, concurrent)", resets
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8, help="forks per call, and fresh sessions in the baseline")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--copy-repeats", type=int, default=5, help="repeats of the in-process copy (3.)")
+    parser.add_argument("--workspace-mb", type=float, default=5.0)
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()}")
+    script = fill_workspace_script(args.workspace_mb)
+    with tempfile.TemporaryDirectory(prefix="coding-env-inbox-") as inbox_root:
+        os.chmod(inbox_root, 0o755)
+        for mode, root in (("inbox", inbox_root), ("channel", None)):
+            print(f"-- workspace copies through the {mode} --")
+            fork_p50, reset_p50 = time_service(script, args, root)
+            print(f"fork / fresh reset (p50): {fork_p50 / reset_p50:.2f}x")
+            wall, cpu = time_copies(script, args.n, args.copy_repeats, root)
+            summary(f"copy_workspace_to {args.n} started sandboxes", wall)
+            summary("  its CPU time (containers + dockerd + host)", cpu)
     print(f"load average after: {os.getloadavg()}")
 
 

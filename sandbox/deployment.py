@@ -9,7 +9,9 @@ sandbox afterwards (commands, files, archives) goes over that channel and belong
 from __future__ import annotations
 
 import abc
+import shutil
 import uuid
+from pathlib import Path
 from typing import ClassVar, Self
 
 from sandbox.channel import SupervisorChannel
@@ -18,6 +20,10 @@ from sandbox.spec import BackendSpec
 BASE_ENV = {"HOME": "/tmp", "LANG": "C.UTF-8"}
 """Environment every backend gives the supervisor and so every command: the root filesystem is
 read-only, so HOME points at the writable /tmp."""
+
+
+INBOX_MOUNT = "/run/inbox"
+"""Where a sandbox sees its inbox (`SandboxSpec.inbox_root`), read-only."""
 
 
 class Deployment(abc.ABC):
@@ -34,6 +40,23 @@ class Deployment(abc.ABC):
         """Names the sandbox in logs and labels."""
         self.start_timeout_s = start_timeout_s or self.default_start_timeout_s
         """Limit on start-up until the supervisor answers its first ping."""
+        self.inbox_dir = None if spec.inbox_root is None else Path(spec.inbox_root) / self.id
+        """This sandbox's inbox on the host, seen inside at `INBOX_MOUNT`; None without one."""
+        self.supervisor_writes_inbox = False
+        """Whether the sandbox's supervisor, and nothing else in it, may write into its inbox, so
+        an archive of the workspace can reach the host without crossing the channel. Only where
+        the supervisor has an identity of its own (Docker: root, owning the inbox, while commands
+        run as `spec.user`); a backend that can grant it sets it."""
+
+    def _create_inbox(self) -> None:
+        """Make the inbox directory before the sandbox mounts it (readable, not writable, by the
+        sandbox's user: only the host puts files there)."""
+        if self.inbox_dir is not None:
+            self.inbox_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    def _remove_inbox(self) -> None:
+        if self.inbox_dir is not None:
+            shutil.rmtree(self.inbox_dir, ignore_errors=True)
 
     @abc.abstractmethod
     def start(self) -> SupervisorChannel:

@@ -27,7 +27,7 @@ from docker.utils.socket import STDOUT, frames_iter
 
 from sandbox.base import SandboxError
 from sandbox.channel import SupervisorChannel
-from sandbox.deployment import BASE_ENV, Deployment
+from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import DockerSpec
 from sandbox.supervisor import bootstrap_argv
 
@@ -92,6 +92,10 @@ class DockerDeployment(Deployment):
         self._stderr_tail: deque[bytes] = deque(maxlen=16)  # supervisor's own stderr, for error messages
         self._container_id: str | None = None
         self._socket: socket.socket | None = None
+        # The inbox directory belongs to this process's uid; the supervisor (container root,
+        # without CAP_DAC_OVERRIDE) can write there only if that uid is root, and the sandbox's
+        # commands, never root (`SandboxSpec.user`), cannot write there at all.
+        self.supervisor_writes_inbox = self.inbox_dir is not None and os.geteuid() == 0
 
     @property
     def container_id(self) -> str | None:
@@ -122,11 +126,13 @@ class DockerDeployment(Deployment):
             init=True,
             auto_remove=True,
             runtime=self.spec.runtime,
+            binds={str(self.inbox_dir): {"bind": INBOX_MOUNT, "mode": "rw" if self.supervisor_writes_inbox else "ro"}} if self.inbox_dir else None,
             # The attached stream carries every reply (file contents included): never log it.
             log_config=LogConfig(type=LogConfig.types.NONE),
         )
 
     def start(self) -> SupervisorChannel:
+        self._create_inbox()
         try:
             created = self._api.create_container(
                 self.spec.image,
@@ -191,6 +197,7 @@ class DockerDeployment(Deployment):
             self._socket = None
         if container_id is not None:
             _remove(self._api, container_id)
+        self._remove_inbox()
 
 
 def _remove(api: docker.APIClient, container_id: str) -> None:

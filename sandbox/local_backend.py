@@ -30,11 +30,12 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import IO
 
 from sandbox.base import SandboxError
 from sandbox.channel import SupervisorChannel
-from sandbox.deployment import BASE_ENV, Deployment
+from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import LocalSpec
 from sandbox.supervisor import bootstrap_argv
 
@@ -58,8 +59,9 @@ _ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "lo
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bwrap-spawner")
 
 
-def bwrap_argv(spec: LocalSpec) -> list[str]:
-    """The bubblewrap command line (without the command to run inside) for `spec`."""
+def bwrap_argv(spec: LocalSpec, inbox_dir: Path | None = None) -> list[str]:
+    """The bubblewrap command line (without the command to run inside) for `spec`, with
+    `inbox_dir` bound read-only at `INBOX_MOUNT` when given."""
     uid, _, gid = spec.user.partition(":")
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if spec.network:
@@ -78,6 +80,8 @@ def bwrap_argv(spec: LocalSpec) -> list[str]:
         for directory in ("/usr/local/bin", "/usr/bin", "/usr/sbin"):
             if os.path.exists(f"{directory}/{name}"):
                 argv += ["--ro-bind", "/dev/null", f"{directory}/{name}"]
+    if inbox_dir is not None:
+        argv += ["--ro-bind", str(inbox_dir), INBOX_MOUNT]
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
@@ -146,7 +150,8 @@ class LocalDeployment(Deployment):
             raise SandboxError("the local backend needs bubblewrap (`bwrap`) on PATH")
         self._stderr = tempfile.TemporaryFile()
         self.host_uid = _acquire_host_uid() if os.geteuid() == 0 else None
-        argv = limits_argv(self.spec, self.host_uid) + bwrap_argv(self.spec) + ["--"] + bootstrap_argv(self.spec.workdir)
+        self._create_inbox()
+        argv = limits_argv(self.spec, self.host_uid) + bwrap_argv(self.spec, self.inbox_dir) + ["--"] + bootstrap_argv(self.spec.workdir)
         # bwrap stays in the sandbox as its pid 1, whose /proc/1/environ the agent can read:
         # it gets a bare environment, never the service's (tokens, API keys).
         self._process = _spawner.submit(
@@ -176,6 +181,7 @@ class LocalDeployment(Deployment):
         if self.host_uid is not None:
             _release_host_uid(self.host_uid)
             self.host_uid = None
+        self._remove_inbox()
 
     @staticmethod
     def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -23,6 +23,11 @@ from sandbox.spec import Backend, SandboxSpec
 
 log = logging.getLogger(__name__)
 
+REFILL_DELAY_S = 0.3
+"""How long after the first checkout from a full pool its replacements may wait to start: a
+container start costs the engine CPU that the request which just took a sandbox (a reset's
+files, a fork's copy) would otherwise share (decision 012)."""
+
 MAX_RETRY_DELAY_S = 5.0
 """Longest pause between attempts when starting sandboxes keeps failing (e.g. missing image)."""
 
@@ -37,11 +42,17 @@ class WarmPool:
         backend: Backend | None = None,
         parallel_starts: int = 2,
         start: Callable[[SandboxSpec], Sandbox] | None = None,
+        refill_delay_s: float = REFILL_DELAY_S,
     ):
         """`backend` runs a plain `SandboxSpec` (a `DockerSpec` or `LocalSpec` names its own);
-        `start` overrides how a sandbox is made (default: `open_sandbox(spec, backend)`)."""
+        `start` overrides how a sandbox is made (default: `open_sandbox(spec, backend)`).
+        Replacements start `refill_delay_s` after the first checkout that calls for them, or at
+        once when a caller waits for a sandbox that none of the ready ones can give."""
         if size < 1 or parallel_starts < 1:
             raise ValueError("size and parallel_starts must be at least 1")
+        if refill_delay_s < 0:
+            raise ValueError("refill_delay_s must not be negative")
+        self.refill_delay_s = refill_delay_s
         self.spec = spec or SandboxSpec()
         self.size = size
         self._start = start or (lambda s: open_sandbox(s, backend))
@@ -53,6 +64,8 @@ class WarmPool:
         self._last_error: Exception | None = None
         self._progress_at = time.monotonic()
         """When a sandbox last became ready or was handed out alive: checkouts time out on a stall."""
+        self._refill_at: float | None = None
+        """When replacements may start (the first checkout from a full pool plus the delay)."""
         self._changed = threading.Condition()
         self._starters = [
             threading.Thread(target=self._keep_filled, name=f"warm-pool-starter-{i}", daemon=True) for i in range(parallel_starts)
@@ -88,6 +101,7 @@ class WarmPool:
         turn = object()
         with self._changed:
             self._waiting.append(turn)
+            self._changed.notify_all()  # a deferred refill starts now if the ready ones fall short
         try:
             while True:
                 with self._changed:
@@ -99,6 +113,8 @@ class WarmPool:
                         self._changed.wait(left_s())
                     sandbox = self._ready.popleft()
                     self._waiting.popleft()  # the next in line need not wait for this one's liveness check
+                    if self._refill_at is None:
+                        self._refill_at = time.monotonic() + self.refill_delay_s
                     self._changed.notify_all()  # ... and a starter may begin the replacement
                     ping_s = min(PING_TIMEOUT_S, left_s())
                 if ping_s > 0 and sandbox.is_alive(ping_s):
@@ -119,10 +135,17 @@ class WarmPool:
         failures = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._closed or len(self._ready) + self._starting < self.size)
-                if self._closed:
-                    return
+                while True:
+                    self._changed.wait_for(lambda: self._closed or len(self._ready) + self._starting < self.size)
+                    if self._closed:
+                        return
+                    deferred_s = (self._refill_at or 0.0) - time.monotonic()
+                    if deferred_s <= 0 or len(self._waiting) > len(self._ready):
+                        break
+                    self._changed.wait(deferred_s)
                 self._starting += 1
+                if len(self._ready) + self._starting >= self.size:
+                    self._refill_at = None  # full once these are up: the next checkout defers anew
             try:
                 sandbox = self._start(self.spec)
             except Exception as exc:  # keep the pool alive; checkout reports the error

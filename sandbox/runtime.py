@@ -3,15 +3,21 @@ supervisor over the channel its deployment handed back."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Self
 
 import pydantic
 
 from sandbox.base import ExecResult, SandboxError
 from sandbox.channel import SupervisorChannel
-from sandbox.deployment import Deployment
+from sandbox.deployment import INBOX_MOUNT, Deployment
 from sandbox.supervisor import SOURCE
 
 PROTOCOL_VERSION = 3
@@ -120,17 +126,67 @@ class Sandbox:
         `max_transfer_mb`), OSError for an unreadable member."""
         return self._payload("get_archive", path=path, max_bytes=self._max_bytes(max_bytes))
 
+    def put_archive_from_inbox(self, name: str, dest: str = ".") -> None:
+        """Extract the uncompressed tar archive `name`, which the host placed in this sandbox's
+        inbox (`SandboxSpec.inbox_root`), under `dest`: no bytes travel over the channel."""
+        self._request("put_archive", FILE_OP_TIMEOUT_S, dest=dest, from_file=f"{INBOX_MOUNT}/{name}")
+
+    def get_archive_into_inbox(self, name: str, path: str = ".", max_bytes: int | None = None) -> None:
+        """`get_archive`, written by the supervisor into this sandbox's inbox as `name` instead of
+        sent over the channel (where `deployment.supervisor_writes_inbox`); `name` must be new."""
+        self._request("get_archive", FILE_OP_TIMEOUT_S, path=path, max_bytes=self._max_bytes(max_bytes), to_file=f"{INBOX_MOUNT}/{name}")
+
     def copy_workspace_to(self, targets: Sequence[Sandbox], max_bytes: int | None = None) -> None:
         """Copy this sandbox's workspace into each of `targets` (fresh sandboxes: an existing file
-        at a copied path is replaced, the rest of a target is kept). The archive is read once, as
-        `get_archive` reads it, and sent to every target at once, one thread each.
+        at a copied path is replaced, the rest of a target is kept). The archive is taken once,
+        as `get_archive` takes it, and extracted by every target at once, one thread each.
+        Where every target has an inbox, the archive reaches them as one file hard-linked into
+        each inbox (written by this sandbox's supervisor into its own inbox where it may, by the
+        host otherwise); else it is sent over each target's channel (decision 012).
         Only the workspace travels: /tmp, $HOME and processes stay behind. Raises what
         `get_archive` raises, or the first target's failure once every target has finished."""
-        archive = self.get_archive(".", max_bytes)
-        with ThreadPoolExecutor(max(len(targets), 1), thread_name_prefix="workspace-copy") as pool:
-            puts = [pool.submit(target.put_archive, archive) for target in targets]
-        for put in puts:
-            put.result()
+        inboxes = [target.deployment.inbox_dir for target in targets]
+        with contextlib.ExitStack() as delivery:
+            if targets and all(inboxes):
+                name = delivery.enter_context(self._archive_in_inboxes(inboxes, max_bytes))
+                put = functools.partial(Sandbox.put_archive_from_inbox, name=name)
+            else:
+                put = functools.partial(Sandbox.put_archive, tar_bytes=self.get_archive(".", max_bytes))
+            with ThreadPoolExecutor(max(len(targets), 1), thread_name_prefix="workspace-copy") as pool:
+                puts = [pool.submit(put, target) for target in targets]
+        for done in puts:
+            done.result()
+
+    @contextlib.contextmanager
+    def _archive_in_inboxes(self, inboxes: Sequence[Path], max_bytes: int | None) -> Iterator[str]:
+        """An archive of the workspace as one file in every inbox, under the name it yields:
+        written once and hard-linked into the others (copied where an inbox is on another file
+        system), and removed from all of them on exit. The targets see their inbox read-only."""
+        name = f"{secrets.token_hex(8)}.tar"
+        # A target closed meanwhile has no inbox left; its own extraction reports that it is closed.
+        paths = [inbox / name for inbox in inboxes if inbox.is_dir()]
+        placed: list[Path] = []
+        try:
+            if self.deployment.supervisor_writes_inbox:
+                first = self.deployment.inbox_dir / name
+                placed.append(first)
+                self.get_archive_into_inbox(name, ".", max_bytes)
+            else:
+                archive = self.get_archive(".", max_bytes)
+                first = paths.pop(0) if paths else None
+                if first is not None:
+                    placed.append(first)
+                    first.write_bytes(archive)
+            for path in paths:
+                placed.append(path)
+                try:
+                    os.link(first, path)
+                except OSError:  # on another file system than the first inbox
+                    shutil.copyfile(first, path)
+            yield name
+        finally:
+            for path in placed:
+                path.unlink(missing_ok=True)
 
     def is_alive(self, timeout_s: float = PING_TIMEOUT_S) -> bool:
         """Cheap liveness probe: the supervisor answers within `timeout_s`."""
@@ -152,3 +208,4 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

@@ -86,6 +86,14 @@ class SandboxSpec(BaseModel):
     removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES
     """Introspection tools deleted from the image at build time and hidden at run time."""
 
+    inbox_root: str | None = None
+    """Host directory under which each sandbox gets an inbox of its own, mounted read-only at
+    `/run/inbox`: a workspace copy (a fork) is then written on the host once and hard-linked
+    into every target's inbox, instead of being streamed through each target's channel
+    (decision 012). The path must mean the same directory to this process and to the Docker
+    engine (in compose: a host directory bound at the same path). None: archives always travel
+    over the channel."""
+
     @field_validator("user")
     @classmethod
     def _user_is_numeric_and_not_root(cls, user: str) -> str:
@@ -95,6 +103,13 @@ class SandboxSpec(BaseModel):
         if int(uid) == 0 or int(gid) == 0:
             raise ValueError("commands never run as root (uid or gid 0): the supervisor's identity must stay out of their reach")
         return user
+
+    @field_validator("inbox_root")
+    @classmethod
+    def _inbox_root_is_absolute(cls, inbox_root: str | None) -> str | None:
+        if inbox_root is not None and not inbox_root.startswith("/"):
+            raise ValueError(f"inbox_root must be an absolute host path, got {inbox_root!r}")
+        return inbox_root
 
     @field_validator("workdir")
     @classmethod

@@ -14,6 +14,9 @@ File contents and archives travel as raw bytes right after their line, never ins
 also carries `"payload_mac"`, the MAC of those bytes.
 
 Request:  {"id": 8, "op": "put_archive", "dest": ".", "payload_bytes": 10240}\n<10240 bytes>
+Request:  {"id": 9, "op": "put_archive", "dest": ".", "from_file": "/run/inbox/f0c1.tar"}   (no payload)
+Request:  {"id": 10, "op": "get_archive", "path": ".", "max_bytes": 99, "to_file": "/run/inbox/f0c1.tar"}
+          (the supervisor writes the archive there instead of replying with it)
 Reply:    MAC {"id": 9, "ok": true, "payload_bytes": 3, "payload_mac": "..."}\n<3 bytes>
 
 MAC is the hex keyed BLAKE2b of the JSON (or of the payload) under the key the host sends as
@@ -172,6 +175,9 @@ class Supervisor:
         self.key = key
         self.run_as = run_as  # (uid, gid) commands and file operations run as; None: our own
         self.file_worker = FileWorker(workdir, run_as)
+        # Forked now, while the sandbox waits in the warm pool, not at the first file operation:
+        # that is often on a request's path (a reset's files, a fork's copy).
+        self.file_worker.start()
         self.setpriv = next((path for path in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(path, os.X_OK)), None)
         self.write_lock = threading.Lock()
         self.running = set()  # process group ids of commands in flight
@@ -233,6 +239,9 @@ class Supervisor:
             op_name = str(request.get("op"))
             if op_name in FILE_OPS:
                 fields, result = self.file_worker.run(json.dumps(request).encode(), payload)
+                if request.get("to_file") and fields.startswith(b'{"ok": true'):
+                    write_new_file(request["to_file"], result)
+                    result = b""
                 # The worker's JSON object is spliced, not re-parsed.
                 self.send(b'{"id": %d, ' % request_id + self.payload_fields(result) + fields[1:], result)
                 return
@@ -463,6 +472,7 @@ class FileWorker:
 def serve_file_operations(sock, workdir):
     """The worker's loop: a request's two frames (JSON, payload) in, the reply's two frames out,
     until the supervisor is gone."""
+    gnu_tar()  # looked up before the first archive asks for it
     while (request_line := recv_frame(sock, None)) is not None:
         payload = recv_frame(sock, None)
         if payload is None:
@@ -514,6 +524,22 @@ def resolve(workdir, path):
     return os.path.join(workdir, path)
 
 
+def write_new_file(path, data):
+    """Write `data` to a file that must not exist yet, as the supervisor: that is how an archive
+    reaches the host through a sandbox's inbox, where the agent's uid cannot write (decision 012)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def open_regular(path, flags):
     """Open `path` without blocking on a FIFO and insist on a regular file."""
     fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
@@ -555,9 +581,7 @@ def file_write(workdir, request, payload):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        data = memoryview(payload)
-        while data:
-            data = data[os.write(fd, data) :]
+        write_all(fd, payload)
         os.fchmod(fd, int(request.get("mode", 0o644)))
     finally:
         os.close(fd)
@@ -569,19 +593,23 @@ def archive_put(workdir, request, payload):
     os.makedirs(dest, exist_ok=True)
     # Archives come from the host (a task's files, or a copy of this agent's own workspace),
     # and extraction runs with the agent's own rights inside the sandbox, so members are not
-    # filtered further. -p keeps modes exactly, as tarfile does.
+    # filtered further. -p keeps modes exactly, as tarfile does. `from_file` names an archive
+    # the host placed in this sandbox's read-only inbox (decision 012) instead of sending it.
+    source = request.get("from_file")
     if (tar := gnu_tar()) is None:
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as archive:
+        with tarfile.open(source, mode="r:") if source else tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as archive:
             archive.extractall(dest)
         return {}, b""
-    process, errors = start_tar([tar, "-x", "-p", "-f", "-", "-C", dest], subprocess.PIPE, subprocess.DEVNULL)
+    stdin = subprocess.DEVNULL if source else subprocess.PIPE
+    process, errors = start_tar([tar, "-x", "-p", "-f", source or "-", "-C", dest], stdin, subprocess.DEVNULL)
     with errors:
-        try:
-            # One write, not communicate(), which feeds a pipe 4 KB per poll.
-            with process.stdin:
-                process.stdin.write(payload)
-        except BrokenPipeError:
-            pass  # tar gave up early: its status and complaint say why
+        if not source:
+            try:
+                # One write, not communicate(), which feeds a pipe 4 KB per poll.
+                with process.stdin:
+                    process.stdin.write(payload)
+            except BrokenPipeError:
+                pass  # tar gave up early: its status and complaint say why
         check_tar(process.wait(FILE_OP_DEADLINE_S), errors)
     return {}, b""
 

@@ -23,6 +23,16 @@ def test_checkout_hands_out_live_sandboxes_and_refills(backend: str) -> None:
     assert not second.is_alive(), "close() must stop checked-out sandboxes too"
 
 
+def test_a_deferred_refill_starts_at_once_for_a_caller_left_waiting(backend: str) -> None:
+    # Replacements wait out `refill_delay_s` only while the ready sandboxes serve every caller:
+    # with an hour's delay, the second checkout from a pool of one still gets a sandbox.
+    with WarmPool(SPEC, size=1, backend=backend, refill_delay_s=3600) as pool:
+        pool.wait_ready()
+        first = pool.checkout()
+        second = pool.checkout(timeout_s=120)
+        assert second.id != first.id and second.exec("echo second").stdout == "second\n"
+
+
 @pytest.mark.parametrize("backend", [pytest.param("docker", marks=needs_docker)])
 def test_checkout_replaces_a_sandbox_that_died_in_the_pool(backend: str) -> None:
     made: list[Sandbox] = []

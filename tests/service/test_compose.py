@@ -1,6 +1,6 @@
 """docker-compose.yml end to end with Debian's docker-compose (v1), on every `make test`: config,
 the service image built offline (wheels from `make wheels`, base the debootstrap rootfs), up,
-healthy, one episode over HTTP, down, and no sandbox left behind.
+healthy, one episode and a fork over HTTP, down, and no sandbox left behind.
 
 The sandbox image is reused, not rebuilt: `make test` has already built `coding-env-sandbox:latest`
 from the same Dockerfile with the same build arguments (checked below), and the tests beside this
@@ -98,6 +98,20 @@ def first_health_verdict(client: docker.DockerClient, container: docker.models.c
     return "timeout"
 
 
+def fork_copies_a_file(url: str) -> bool:
+    with httpx.Client(base_url=url, timeout=120) as http:
+        source = http.post("/sessions").raise_for_status().json()["session_id"]
+        http.post(f"/sessions/{source}/reset", json={"task_id": "builtin/fizzbuzz"}).raise_for_status()
+        write = {"type": "call_tool", "tool_name": "write_file", "arguments": {"path": "note.txt", "content": "forked\n"}}
+        http.post(f"/sessions/{source}/step", json={"action": write}).raise_for_status()
+        forks = http.post(f"/sessions/{source}/fork", json={"n": 2}).raise_for_status().json()["session_ids"]
+        read = {"type": "call_tool", "tool_name": "read_file", "arguments": {"path": "note.txt"}}
+        outputs = [http.post(f"/sessions/{fork}/step", json={"action": read}).raise_for_status().json()["observation"]["output"] for fork in forks]
+        for session in [source, *forks]:
+            http.delete(f"/sessions/{session}")
+    return outputs == ["forked\n", "forked\n"]
+
+
 def test_compose_up_serves_an_episode_and_leaves_no_sandbox(compose: Compose, docker_client: docker.DockerClient) -> None:
     if not list(WHEELS.glob("coding_env-*.whl")):
         pytest.skip("no wheels in dist/wheels: run `make wheels` (make test does)")
@@ -116,6 +130,7 @@ def test_compose_up_serves_an_episode_and_leaves_no_sandbox(compose: Compose, do
     assert httpx.get(f"{url}/health").json() == {"status": "healthy"}
     episode = subprocess.run([sys.executable, str(ROOT / "examples" / "http_episode.py"), url], capture_output=True, text=True, timeout=300)
     assert "done: True reward: 1.0" in episode.stdout, episode.stdout + episode.stderr
+    assert fork_copies_a_file(url), "a fork must hold its source's files (through the inboxes the compose file sets up)"
 
     # Sandboxes the service started carry its container's hostname in their owner label.
     hostname = container.attrs["Config"]["Hostname"]

@@ -9,6 +9,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import docker
 import httpx
@@ -211,6 +212,29 @@ def test_a_failed_fork_leaves_no_session_and_no_sandbox(make_service: Callable[.
         source.step("bash", {"command": "chmod 600 locked.txt"})
         (copy,) = fork(client, source.id, 1)
         assert output(copy, "read_file", path="locked.txt") == "secret\n"
+
+
+def test_forks_through_inboxes_carry_the_workspace_and_leave_no_archive(make_service: Callable[..., str], tmp_path: Path) -> None:
+    # With `sandbox.inbox_root` the archive is written once into the source's inbox and
+    # hard-linked into each fork's (decision 012): same copies, same refusals, nothing left over.
+    inboxes = tmp_path / "inboxes"
+    url = make_service(pool_size=1, grading_pool_size=0, sandbox={"inbox_root": str(inboxes)})
+    with httpx.Client(base_url=url, timeout=120) as client:
+        source = HttpSession(client)
+        source.reset(task=TASK)
+        source.step("bash", {"command": "mkdir -p pkg && printf 'x\\n' > pkg/x.txt && ln -s pkg/x.txt link && head -c 300000 /dev/urandom > blob && md5sum blob > blob.md5"})
+        forks = fork(client, source.id, 3)
+        for copy in forks:
+            assert output(copy, "bash", command="md5sum -c blob.md5 && readlink link && cat link") == "blob: OK\npkg/x.txt\nx"
+        forks[0].step("bash", {"command": "echo changed > pkg/x.txt"})
+        assert output(forks[1], "read_file", path="pkg/x.txt") == output(source, "read_file", path="pkg/x.txt") == "x\n"
+        assert [path for path in inboxes.rglob("*") if path.is_file()] == []
+        source.step("bash", {"command": "echo secret > locked.txt && chmod 000 locked.txt"})
+        body = refusal(client.post(f"/sessions/{source.id}/fork", json={"n": 2}), 422, "invalid_request")
+        assert "locked.txt" in body["message"]
+        assert [path for path in inboxes.rglob("*") if path.is_file()] == []
+        for session in [source, *forks]:
+            session.close()
 
 
 def test_fork_over_websocket(base_url: str, client: httpx.Client) -> None:
