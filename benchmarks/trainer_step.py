@@ -15,7 +15,7 @@ per-repetition ratios, the process CPU time per step (less sensitive to other jo
 and the load average. Peak memory: each arm alone in its own subprocess (CUDA max allocated, or the
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
-    python benchmarks/trainer_step.py --preset cpu
+    python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100]
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -139,14 +139,16 @@ def preference_pairs(p: dict[str, Any]) -> list[PreferencePair]:
 class Arm:
     """One trainer with its optimizer, ready to take real optimizer steps on the scripted batch."""
 
-    def __init__(self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device) -> None:
+    def __init__(
+        self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device, jsd_top_k: int | None
+    ) -> None:
         sdpo_weight, dpo_weight = ARMS[name]
         config = ComposerConfig(
             output_dir=f"/tmp/trainer_step/{name}", use_cpu=device.type == "cpu", bf16=p["dtype"] == "bfloat16",
             fp16=False, activation_checkpointing=p["activation_checkpointing"], per_device_train_batch_size=p["batch"],
             num_generations=2, max_completion_length=completion_length(p), report_to=[], save_strategy="no",
             learning_rate=1e-6, seed=0, sdpo_weight=sdpo_weight, dpo_weight=dpo_weight,
-            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + 64,
+            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + 64, jsd_top_k=jsd_top_k,
         )
         self.trainer = ScriptedBatchTrainer(
             model=model.to(device),
@@ -183,10 +185,10 @@ def current_rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_peak(name: str, p: dict[str, Any], device: torch.device) -> dict[str, int]:
+def measure_peak(name: str, p: dict[str, Any], device: torch.device, jsd_top_k: int | None) -> dict[str, int]:
     """Peak memory of one arm alone: a warm-up step, then two measured ones."""
     tokenizer = load_tool_tokenizer()
-    arm = Arm(name, p, random_model(p, len(tokenizer)), tokenizer, device)
+    arm = Arm(name, p, random_model(p, len(tokenizer)), tokenizer, device, jsd_top_k)
     if device.type == "cuda":
         arm.step()
         torch.cuda.reset_peak_memory_stats()
@@ -203,6 +205,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repetitions", type=int, help="measured steps per arm, interleaved (after one warm-up each)")
+    parser.add_argument("--jsd-top-k", type=int, help="the trainer's `jsd_top_k` (default: its own, the full vocabulary)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
     args = parser.parse_args()
     preset = dict(PRESETS[args.preset])
@@ -210,18 +213,19 @@ def main() -> int:
         preset["repetitions"] = args.repetitions
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if args.peak_of:
-        print(json.dumps(measure_peak(args.peak_of, preset, device)))
+        print(json.dumps(measure_peak(args.peak_of, preset, device, args.jsd_top_k)))
         return 0
 
     peaks = {}
     for name in ARMS:
         command = [sys.executable, __file__, "--preset", args.preset, "--peak-of", name]
+        command += ["--jsd-top-k", str(args.jsd_top_k)] if args.jsd_top_k else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
     tokenizer = load_tool_tokenizer()
     model = random_model(preset, len(tokenizer))
-    arms = {name: Arm(name, preset, copy.deepcopy(model), tokenizer, device) for name in ARMS}
+    arms = {name: Arm(name, preset, copy.deepcopy(model), tokenizer, device, args.jsd_top_k) for name in ARMS}
     for arm in arms.values():  # warm-up: allocator, kernels, optimizer state
         arm.step()
     load_before = os.getloadavg()[0]
@@ -238,7 +242,7 @@ def main() -> int:
 
     parameters = sum(x.numel() for x in model.parameters())
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
-          f"torch={torch.__version__} threads={torch.get_num_threads()} "
+          f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
     print(f"shapes={json.dumps(preset)} completion={completion_length(preset)}")
     memory = "peak GiB" if device.type == "cuda" else "RSS GiB"
