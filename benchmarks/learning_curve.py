@@ -20,7 +20,9 @@ Usage (the warm start and the benchmark use the same tasks and tool set, decisio
 
 Level-1 warmup tasks, tools `write_file, bash, submit`, one task per step. Full mode:
 3 seeds x 3 arms x 4 steps of 4 rollouts, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample
-at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. Measured times on the 2-core box are in
+at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. `--frontier-samples K`
+(default 0: off) first samples each train task K times with the warm start and trains on the tasks
+whose rewards differ first (the others after them), so that groups have reward variance. Measured times on the 2-core box are in
 docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
 Writes results.json, learning_curve.png and table.md under --out.
 """
@@ -45,8 +47,8 @@ ARMS: dict[str, dict[str, float]] = {
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
 MODES = {
-    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4),
-    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2),
+    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, frontier_samples=0),
+    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, frontier_samples=0),
 }
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -76,8 +78,8 @@ def mean_interval(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [mean - half, mean + half], "seeds": len(values)}
 
 
-def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    from trainer_client.evaluation import EvalSettings, Evaluator, summarize
+def _episodes(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int, args: argparse.Namespace) -> list[Any]:
+    from trainer_client.evaluation import EvalSettings, Evaluator
 
     training = model.training
     model.eval()
@@ -90,12 +92,36 @@ def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: 
         concurrency=8,
         seed=seed,
     )
-    started = time.perf_counter()
     episodes = Evaluator(model, tokenizer, factory, settings).run(task_ids)
     model.train(training)
-    report = summarize(episodes, k=n, seed=seed)
+    return episodes
+
+
+def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    from trainer_client.evaluation import summarize
+
+    started = time.perf_counter()
+    report = summarize(_episodes(model, tokenizer, factory, task_ids, n, seed, args), k=n, seed=seed)
     report["seconds"] = time.perf_counter() - started
     return report
+
+
+def frontier(candidates: list[str], samples: int, factory: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The candidates at the warm start's frontier: tasks whose `samples` tries (at the evaluation
+    temperature) earn different rewards, so a GRPO group on them likely has reward variance. A task the
+    warm start always solves, or never, gives a group with none (decision 073)."""
+    from trainer_client.policy import PolicySpec, load_policy
+
+    model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+    started = time.perf_counter()
+    rewards: dict[str, list[float]] = {task: [] for task in candidates}
+    for episode in _episodes(model, tokenizer, factory, candidates, samples, 0, args):
+        rewards[episode.task_id].append(episode.reward or 0.0)
+    return {
+        "tasks": [task for task in candidates if len(set(rewards[task])) > 1],
+        "rewards": rewards,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]], pairs: Path) -> dict[str, Any]:
@@ -118,7 +144,11 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
                 evals.append({"step": state.global_step, **_eval_point(report)})
                 print(f"  {arm} seed {seed} step {state.global_step}: {evals[-1]}", flush=True)
 
-    order = random.Random(seed).sample(tasks["train"], len(tasks["train"]))
+    # Frontier tasks first (when selected), each part in the seed's order.
+    at_frontier = [task for task in tasks["train"] if task in tasks.get("frontier", [])]
+    rest = [task for task in tasks["train"] if task not in at_frontier]
+    shuffle = random.Random(seed)
+    order = shuffle.sample(at_frontier, len(at_frontier)) + shuffle.sample(rest, len(rest))
     config = ComposerConfig(
         output_dir=str(args.out / "runs" / f"{arm}-seed{seed}"),
         use_cpu=True,
@@ -138,6 +168,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
         save_strategy="no",
         report_to=[],
         seed=seed,
+        shuffle_dataset=False,  # the tasks come in `order`: the seed's, frontier first
         dpo_pairs_path=str(pairs) if ARMS[arm]["dpo_weight"] > 0 else None,
         **ARMS[arm],
     )
@@ -301,14 +332,19 @@ def main() -> int:
     steps = sorted({0, *range(mode["eval_every"], mode["steps"] + 1, mode["eval_every"])})
     results_path = args.out / "results.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks, "steps": steps})
-    results.setdefault("baseline", {})
-    results.setdefault("arms", {})
 
     from trainer_client.environment import environment_factory
     from trainer_client.policy import PolicySpec, load_policy
 
     factory = environment_factory(_client_settings(args))
+    if mode["frontier_samples"]:
+        if "frontier" not in results:
+            results["frontier"] = frontier(tasks["train"], mode["frontier_samples"], factory, args)
+            print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
+        tasks["frontier"] = results["frontier"]["tasks"]
+    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks, "steps": steps})
+    results.setdefault("baseline", {})
+    results.setdefault("arms", {})
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
             model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
