@@ -23,7 +23,7 @@ read-only, so HOME points at the writable /tmp."""
 
 
 INBOX_MOUNT = "/run/inbox"
-"""Where a sandbox sees its inbox (`SandboxSpec.inbox_root`), read-only."""
+"""Where a sandbox sees its inbox (`SandboxSpec.inbox_root`); its commands can never write there."""
 
 
 class Deployment(abc.ABC):
@@ -50,7 +50,7 @@ class Deployment(abc.ABC):
 
     def _create_inbox(self) -> None:
         """Make the inbox directory before the sandbox mounts it (readable, not writable, by the
-        sandbox's user: only the host puts files there)."""
+        sandbox's user: only the host, and a supervisor with `supervisor_writes_inbox`, put files there)."""
         if self.inbox_dir is not None:
             self.inbox_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
 

@@ -208,4 +208,3 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
