@@ -52,6 +52,10 @@ class ErrorKind(str, enum.Enum):
     TOO_MANY_CALLS = "too_many_calls"
     """The call came after the per-step cap (`max_calls_per_step`) in a message holding several
     calls: it was not run and did not count against `max_steps`."""
+    SUBMISSION_FAILED = "submission_failed"
+    """A `submit` the hidden tests did not fully pass (reward below 1). Never sent by the service,
+    which reports the reward, not an error; clients that judge the policy's turns (the trainer,
+    `coding-train eval`) report it on the submitting turn."""
 
 
 class MonitorFlag(enum.StrEnum):

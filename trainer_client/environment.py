@@ -123,10 +123,13 @@ class TrlEnvironment:
             self.lost = True
             self.tool_calls.append(ToolCallRecord(tool_name, ErrorKind.SANDBOX_ERROR, None))
             return EPISODE_LOST
-        self.tool_calls.append(ToolCallRecord(tool_name, result.observation.error_kind, result.observation.hint))
+        observation = result.observation
+        self.tool_calls.append(
+            ToolCallRecord(tool_name, observation.error_kind, observation.hint, observation.tests_passed, observation.tests_total)
+        )
         if result.done:
             self.episode_over, self.reward = True, result.reward
-        return result.observation.output
+        return observation.output
 
     def _close(self) -> None:
         """End the session now (it also ends when the environment is garbage-collected)."""

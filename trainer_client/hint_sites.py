@@ -2,12 +2,13 @@
 
 The environment records every tool call it served (`ToolCallRecord`). After a rollout, the trainer
 reads each assistant turn (`turn_reports`): the service's error kinds for the calls that reached it,
-and the failures TRL answers itself and the service never sees (an unparsable call, an unknown tool,
-arguments that are not named parameters, a turn with no call before the episode is over), each with
-a hint. `locate_hint_sites` puts the failed turns into completion token coordinates and, per turn k,
-`teacher_sequence` builds the teacher's input: the same tokens with a chat-templated hint message
-inserted just before turn k's assistant header. Student and teacher then score the identical tokens
-of turn k, position for position. Blame rules: docs/decisions/063-hint-sites-at-every-policy-failure.md.
+a submission the hidden tests did not fully pass, and the failures TRL answers itself and the
+service never sees (an unparsable call, an unknown tool, arguments that are not named parameters, a
+turn with no call before the episode is over), each with a hint. `locate_hint_sites` puts the
+failed turns into completion token coordinates and, per turn k, `teacher_sequence` builds the
+teacher's input: the same tokens with a chat-templated hint message inserted just before turn k's
+assistant header. Student and teacher then score the identical tokens of turn k, position for
+position. Blame rules: docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class ToolCallRecord:
     tool_name: str
     error_kind: ErrorKind | None
     hint: str | None
+    tests_passed: int | None = None
+    """On the call that graded the workspace (`submit`, or the last step): hidden tests that passed."""
+    tests_total: int | None = None
+    """On the call that graded the workspace: hidden tests that count."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,12 @@ TRAINER_HINTS: dict[ErrorKind, str] = {
         "This turn called no tool, so the episode ended unsubmitted. Every turn must call a tool ({tools}); "
         "call submit once the work is done."
     ),
+    ErrorKind.SUBMISSION_FAILED: (
+        "Submitting ended the episode, but the hidden tests did not all pass. Run the tests and fix what fails before you submit."
+    ),
 }
-"""Hints for the failures TRL answers itself (the service never sees them; decision 063)."""
+"""Hints for the failures the service never reports: those TRL answers itself, and a submission the hidden
+tests did not fully pass (the service reports its reward, not an error; decisions 063 and 074)."""
 
 MAX_ERROR_CHARS = 240
 """Longest error text quoted in a trainer-side hint."""
@@ -175,6 +184,13 @@ def _json_error(content: str, marker: str) -> str:
     except json.JSONDecodeError as error:
         return f"{error.msg} (char {error.pos}) in {body}"
     return f'not a call object with a "name" and an "arguments" object: {body}'
+
+
+def _hidden_tests_failed(record: ToolCallRecord) -> int:
+    """Hidden tests the call's grading failed (0 when it graded nothing)."""
+    if record.tests_passed is None or record.tests_total is None:
+        return 0
+    return record.tests_total - record.tests_passed
 
 
 @dataclass(frozen=True)
@@ -249,6 +265,11 @@ def turn_reports(
                 record = next(turn_records)
                 if record.error_kind is not None and record.error_kind not in INFRASTRUCTURE_KINDS and record.hint:
                     failures.append(TurnFailure(record.error_kind, record.hint))
+                elif record.tool_name == "submit" and record.error_kind is None and (failed := _hidden_tests_failed(record)):
+                    error = f"{failed} of {record.tests_total} hidden tests failed"
+                    failures.append(
+                        TurnFailure(ErrorKind.SUBMISSION_FAILED, _trainer_hint(ErrorKind.SUBMISSION_FAILED, tool_names, error))
+                    )
         content = turn.get("content")
         if not calls and isinstance(content, str):
             # A last turn cut by the length budget is blamed only when it had the whole budget (the first

@@ -86,6 +86,17 @@ def test_a_marker_only_in_prose_after_a_parsed_call_is_not_a_decode_error() -> N
     assert kinds(turn_reports(records, messages, TOOLS, episode_over=True, last_turn_ended=True)) == [[]]
 
 
+def test_a_submission_that_fails_hidden_tests_is_blamed_on_the_submitting_turn() -> None:
+    messages = [assistant(("bash", {"command": "ls"})), tool(), assistant(("submit", {})), tool()]
+    failed = [ToolCallRecord("bash", None, None), ToolCallRecord("submit", None, None, tests_passed=1, tests_total=4)]
+    reports = turn_reports(failed, messages, TOOLS, episode_over=True, last_turn_ended=True)
+    assert kinds(reports) == [[], ["submission_failed"]]
+    assert "3 of 4 hidden tests failed" in reports[1].failures[0].hint
+    assert reports[1].valid_call  # a valid call that did the wrong thing, not a format failure
+    passed = [ToolCallRecord("bash", None, None), ToolCallRecord("submit", None, None, tests_passed=4, tests_total=4)]
+    assert kinds(turn_reports(passed, messages, TOOLS, episode_over=True, last_turn_ended=True)) == [[], []]
+
+
 def test_rollout_metrics() -> None:
     messages = [assistant(("nope", {})), tool(), assistant(("bash", {"command": "ls"})), tool(), assistant(content="hm")]
     records = [ToolCallRecord("bash", ErrorKind.NONZERO_EXIT, "Read the error.")]

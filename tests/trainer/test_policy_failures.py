@@ -34,7 +34,8 @@ SCRIPTS: list[list[str]] = [
         call("run_python", {"code": "print(1)"}),
         call("bash", "ls"),
         call("bash", {"cmd": "ls"}),
-        call("submit", {}),
+        call("submit", {}),  # the untouched stub: the hidden checks fail
+
         "Submitted.<|im_end|>",  # after the episode is over: no failure
     ],
     [call("bash", {"command": "ls -a"}), UNPARSABLE],  # a call that does not parse ends the rollout
@@ -45,7 +46,7 @@ SCRIPTS: list[list[str]] = [
 """One script per rollout: its assistant turns in order. Each script's first turn is unique."""
 
 EXPECTED_SITES = [
-    [(0, ("tool_not_found",)), (1, ("type_error",)), (2, ("type_error",))],
+    [(0, ("tool_not_found",)), (1, ("type_error",)), (2, ("type_error",)), (3, ("submission_failed",))],
     [(1, ("json_decode",))],
     [(0, ("no_tool_call",))],
     [(0, ("command_not_found",))],
@@ -117,10 +118,11 @@ def test_every_policy_failure_is_a_hint_site(trainer: ScriptedPolicyTrainer) -> 
 
 
 def test_hints_carry_the_error(trainer: ScriptedPolicyTrainer) -> None:
-    (unknown, untyped, wrong_parameter), (unparsable,), (no_call,), (bad_command,) = trainer.hint_sites[0]
+    (unknown, untyped, wrong_parameter, wrong_submission), (unparsable,), (no_call,), (bad_command,) = trainer.hint_sites[0]
     assert "'run_python' not found" in unknown.hints[0] and "submit" in unknown.hints[0]  # the tools that exist
     assert "type str" in untyped.hints[0]
     assert wrong_parameter.hints[0]  # the service's own hint for its `type_error`
+    assert "6 of 6 hidden tests failed" in wrong_submission.hints[0]  # counts only: nothing of the tests themselves
     assert "Expecting ',' delimiter" in unparsable.hints[0] and "cat solution.py" in unparsable.hints[0]
     assert "submit" in no_call.hints[0]
     assert bad_command.hints[0]
@@ -131,11 +133,12 @@ def test_hints_carry_the_error(trainer: ScriptedPolicyTrainer) -> None:
 
 def test_rollout_metrics_are_logged(trainer: ScriptedPolicyTrainer) -> None:
     (entry,) = [e for e in trainer.state.log_history if "sdpo/hint_sites" in e]
-    assert entry["sdpo/hint_sites"] == 6
+    assert entry["sdpo/hint_sites"] == 7
     assert entry["sdpo/loss"] > 0
     assert entry["policy/tool_calls"] == 10  # 4 + 1 + 0 + 5 parsed calls
     # valid turns: submit; `ls -a`; five in rollout 3 (a failing command is still a valid call) -> 7 of 13
     assert entry["policy/valid_call_rate"] == pytest.approx(7 / 13)
     assert entry["policy/failures/no_tool_call"] == 1 and entry["policy/failures/json_decode"] == 1
+    assert entry["policy/failures/submission_failed"] == 1
     assert entry["policy/failures/sandbox_error"] == 0
     assert "reward/group_std" in entry and "canary/cheat_rate" not in entry
