@@ -203,6 +203,17 @@ def check_conversational_prompts(dataset: Any) -> None:
         )
 
 
+def takes_shared_prefixes(config: Any) -> bool:
+    """Whether a model runs a shared-prefix batch (`collate(shared_prefix=True)`) as it runs each
+    sequence alone: its attention adds a custom 4D mask (eager, SDPA) and no layer slides a window,
+    which that mask would override."""
+    return (
+        config._attn_implementation in ("eager", "sdpa")
+        and getattr(config, "sliding_window", None) is None
+        and "sliding_attention" not in (getattr(config, "layer_types", None) or ())
+    )
+
+
 class ComposerTrainer(ConcurrentRolloutTrainer):
     """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
 
@@ -257,6 +268,8 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             )
             if config.dpo_sync_ref_model:
                 self._set_up_reference_sync(config)
+        self._dpo_shared_prefix = takes_shared_prefixes(self._causal_lm(self.model).config)
+        """Run each pair's context once for both actions (decision 075)."""
 
     def _set_up_reference_sync(self, config: ComposerConfig) -> None:
         if is_peft_model(self.model):
@@ -287,12 +300,26 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         unwrapped = self.accelerator.unwrap_model(model)
         return unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
 
-    def _hidden_states(self, causal_lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def _hidden_states(
+        self,
+        causal_lm: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Last hidden states. A `(rows, length, length)` boolean `attention_mask` says which keys each
+        query sees (a shared-prefix batch); it becomes the additive mask that eager and SDPA attention add."""
+        if attention_mask.dim() == 3:
+            dtype = causal_lm.get_input_embeddings().weight.dtype
+            blocked = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+            attention_mask = blocked.masked_fill(~attention_mask, torch.finfo(dtype).min)[:, None]
         # Runs the backbone, not the root module: under FSDP2 that works only once the root's own forward has
         # run in this step (its parameters stay gathered until its backward). Every call is made inside
         # `_compute_loss`, after GRPO's forward (decision 069).
         with self.accelerator.autocast():
-            return causal_lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]
+            return causal_lm.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )[0]
 
     @contextlib.contextmanager
     def _teacher(self) -> Iterator[torch.nn.Module]:
@@ -482,12 +509,15 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
     def _sequence_logps(self, causal_lm: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
         """Summed log-probs of each sequence's scored tokens; the vocabulary is projected only there."""
         device = self.accelerator.device
-        input_ids, scored = batch.input_ids.to(device), batch.scored_mask.to(device)
-        hidden = self._hidden_states(causal_lm, input_ids, batch.attention_mask.to(device))
-        rows, targets = scored[:, 1:].nonzero(as_tuple=True)  # position t predicts token t + 1
-        logits = output_logits(causal_lm, hidden[rows, targets])
-        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[rows, targets + 1, None]).squeeze(-1)
-        return torch.zeros(input_ids.size(0), device=device).index_add(0, rows, token_logps)
+        hidden = self._hidden_states(
+            causal_lm, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
+        )
+        logits = output_logits(causal_lm, hidden[batch.score_rows.to(device), batch.score_positions.to(device)])
+        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.score_targets.to(device)[:, None]).squeeze(-1)
+        return torch.zeros(batch.sequences, device=device).index_add(0, batch.score_sequences.to(device), token_logps)
+
+    def _collate_pairs(self, preferences: PreferenceBatches, indices: list[int]) -> SequenceBatch:
+        return preferences.collate(indices, self._tokenizer.pad_token_id, shared_prefix=self._dpo_shared_prefix)
 
     @torch.no_grad()
     def _reference_logps(self, preferences: PreferenceBatches) -> torch.Tensor:
@@ -507,7 +537,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             with adapter_off or contextlib.nullcontext(), disable_gradient_checkpointing(causal_lm, None):
                 for start in range(0, len(preferences.pairs), preferences.batch_size):
                     indices = list(range(start, min(start + preferences.batch_size, len(preferences.pairs))))
-                    logps = self._sequence_logps(causal_lm, preferences.collate(indices, self._tokenizer.pad_token_id))
+                    logps = self._sequence_logps(causal_lm, self._collate_pairs(preferences, indices))
                     chunks.append(logps.view(2, -1).T.cpu())
         finally:
             causal_lm.train(was_training)
@@ -526,7 +556,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         if preferences.reference_logps is None:
             preferences.reference_logps = self._reference_logps(preferences)
         indices = preferences.next_indices()
-        batch = preferences.collate(indices, self._tokenizer.pad_token_id)
+        batch = self._collate_pairs(preferences, indices)
         policy = self._sequence_logps(self._causal_lm(model), batch).view(2, -1)
         reference = preferences.reference_logps[indices].to(policy.device)
         out = dpo_loss(
