@@ -5,9 +5,9 @@ reads each assistant turn (`turn_reports`): the service's error kinds for the ca
 a submission the hidden tests did not fully pass, and the failures TRL answers itself and the
 service never sees (an unparsable call, an unknown tool, arguments that are not named parameters, a
 turn with no call before the episode is over), each with a hint. `locate_hint_sites` puts the
-failed turns into completion token coordinates and, per turn k, `teacher_sequence` builds the
+failed turns into completion token coordinates and, per turn k, `teacher_row` builds the
 teacher's input: the same tokens with a chat-templated hint message inserted just before turn k's
-assistant header. Student and teacher then score the identical tokens of turn k, position for
+assistant header (all of a rollout's sites as continuations of its tokens: `packing`). Student and teacher then score the identical tokens of turn k, position for
 position. Blame rules: docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from env_server.models import ErrorKind
+from trainer_client.packing import Continuation, PackedRow
 
 
 @dataclass(frozen=True)
@@ -316,15 +317,18 @@ def locate_hint_sites(
     return sites
 
 
-def teacher_sequence(
-    prompt_ids: Sequence[int], completion_ids: Sequence[int], site: HintSite, header_ids: Sequence[int]
-) -> list[int]:
-    """The teacher's input for one site: the context up to turn k, the hint message, the header, turn k.
-
-    The last `site.end - site.start` tokens are turn k's tokens, identical to the student's.
-    """
-    context = [*prompt_ids, *completion_ids[: site.start]]
+def teacher_row(
+    prompt_ids: Sequence[int], completion_ids: Sequence[int], sites: Sequence[HintSite], header_ids: Sequence[int]
+) -> PackedRow:
+    """The teacher's input for a rollout's sites: per site k, the context up to turn k's assistant
+    header, then the hint message, the header and turn k (a continuation of the rollout's tokens cut
+    before that header). Each continuation ends with turn k's tokens, identical to the student's."""
+    context = [*prompt_ids, *completion_ids]
     header = list(header_ids)
-    if context[len(context) - len(header) :] != header:
-        raise ValueError(f"turn {site.turn} is not preceded by the assistant header the chat template renders")
-    return [*context[: len(context) - len(header)], *site.hint_ids, *header, *completion_ids[site.start : site.end]]
+    continuations = []
+    for site in sites:
+        cut = len(prompt_ids) + site.start - len(header)
+        if context[cut : cut + len(header)] != header:
+            raise ValueError(f"turn {site.turn} is not preceded by the assistant header the chat template renders")
+        continuations.append(Continuation(cut, [*site.hint_ids, *header, *completion_ids[site.start : site.end]]))
+    return PackedRow(context, continuations)

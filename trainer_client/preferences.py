@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack
 from trainer_client.records import PreferencePair
 
 
@@ -95,35 +96,6 @@ class TokenizedPair:
     context_ids: tuple[int, ...]
     chosen_ids: tuple[int, ...]
     rejected_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class SequenceBatch:
-    """Rows to run through the model, and where the tokens whose log-probs count are.
-
-    A row holds one sequence (`context + action`) or, with a shared prefix, one pair (`context + chosen
-    + rejected`): the rejected tokens then continue the context's positions and cannot attend to the
-    chosen ones, so the context is run once for both actions and each action sees exactly what it
-    would see alone. Rows are right-padded.
-    """
-
-    input_ids: torch.Tensor
-    """`(rows, length)` token ids."""
-    attention_mask: torch.Tensor
-    """`(rows, length)`, 1 on real tokens; with a shared prefix `(rows, length, length)` booleans,
-    true where the query (dim 1) may attend to the key (dim 2)."""
-    position_ids: torch.Tensor
-    """`(rows, length)` position of each token in its own sequence."""
-    score_rows: torch.Tensor
-    """`(scored,)` the row of each scored token."""
-    score_positions: torch.Tensor
-    """`(scored,)` the index whose hidden state predicts it (the previous token of its own sequence)."""
-    score_targets: torch.Tensor
-    """`(scored,)` the scored token's id."""
-    score_sequences: torch.Tensor
-    """`(scored,)` the sequence whose log-prob it adds to: pair i's chosen is i, its rejected is `pairs + i`."""
-    sequences: int
-    """Sequences scored: twice the pairs."""
 
 
 class PreferenceBatches:
@@ -218,49 +190,12 @@ class PreferenceBatches:
                 self._order = iter(torch.randperm(len(self.pairs), generator=self._generator).tolist())
         return indices
 
-    def collate(self, indices: Sequence[int], pad_token_id: int, *, shared_prefix: bool = False) -> SequenceBatch:
-        """The pairs of `indices` as one batch: a row per sequence (chosen ones first), or with
-        `shared_prefix` a row per pair whose context is run once for both actions."""
-        pairs = [self.pairs[index] for index in indices]
-        if shared_prefix:
-            rows = [
-                [(pair.context_ids, None), (pair.chosen_ids, i), (pair.rejected_ids, len(pairs) + i)]
-                for i, pair in enumerate(pairs)
-            ]
-        else:
-            rows = [
-                [(pair.context_ids, None), (getattr(pair, side), i + offset)]
-                for side, offset in (("chosen_ids", 0), ("rejected_ids", len(pairs)))
-                for i, pair in enumerate(pairs)
-            ]
-        length = max(sum(len(ids) for ids, _ in row) for row in rows)
-        input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-        position_ids = torch.zeros((len(rows), length), dtype=torch.long)
-        segments = torch.full((len(rows), length), -1, dtype=torch.long)  # -1: padding, 0: context, k: k-th action
-        scored: list[tuple[int, int, int, int]] = []
-        for r, row in enumerate(rows):
-            (context, _), *actions = row
-            input_ids[r, : len(context)] = torch.tensor(context)
-            position_ids[r, : len(context)] = torch.arange(len(context))
-            segments[r, : len(context)] = 0
-            start = len(context)
-            for segment, (action, sequence) in enumerate(actions, start=1):
-                end = start + len(action)
-                input_ids[r, start:end] = torch.tensor(action)
-                position_ids[r, start:end] = torch.arange(len(context), len(context) + len(action))
-                segments[r, start:end] = segment
-                # the action's first token is predicted by the context's last one, the others by their predecessor
-                predictors = [len(context) - 1, *range(start, end - 1)]
-                scored.extend((r, predictor, token, sequence) for predictor, token in zip(predictors, action))
-                start = end
-        real = segments >= 0
-        if shared_prefix:
-            query, key = segments[:, :, None], segments[:, None, :]
-            causal = torch.ones(length, length, dtype=torch.bool).tril()
-            attention_mask = causal & real[:, None, :] & ((key == 0) | (key == query))
-        else:
-            attention_mask = real.long()
-        score_rows, score_positions, score_targets, score_sequences = (torch.tensor(c, dtype=torch.long) for c in zip(*scored))
-        return SequenceBatch(
-            input_ids, attention_mask, position_ids, score_rows, score_positions, score_targets, score_sequences, 2 * len(pairs)
-        )
+    def collate(self, indices: Sequence[int], pad_token_id: int, *, shared_prefix: bool = False) -> PackedBatch:
+        """The pairs of `indices` as one batch: per pair, its context continued by the chosen action,
+        then by the rejected one (one row each, or with `shared_prefix` one row for both)."""
+        rows = []
+        for index in indices:
+            pair = self.pairs[index]
+            cut = len(pair.context_ids)
+            rows.append(PackedRow(pair.context_ids, (Continuation(cut, pair.chosen_ids), Continuation(cut, pair.rejected_ids))))
+        return pack(rows, pad_token_id, shared=shared_prefix)

@@ -38,13 +38,13 @@ from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import pad
 
 from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, ConcurrentRolloutTrainer
-from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_sequence, turn_reports
+from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_row, turn_reports
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.output_head import output_logits
-from trainer_client.preferences import PreferenceBatches, SequenceBatch, load_preference_pairs
+from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack, takes_shared_prefixes
+from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 
@@ -203,17 +203,6 @@ def check_conversational_prompts(dataset: Any) -> None:
         )
 
 
-def takes_shared_prefixes(config: Any) -> bool:
-    """Whether a model runs a shared-prefix batch (`collate(shared_prefix=True)`) as it runs each
-    sequence alone: its attention adds a custom 4D mask (eager, SDPA) and no layer slides a window,
-    which that mask would override."""
-    return (
-        config._attn_implementation in ("eager", "sdpa")
-        and getattr(config, "sliding_window", None) is None
-        and "sliding_attention" not in (getattr(config, "layer_types", None) or ())
-    )
-
-
 class ComposerTrainer(ConcurrentRolloutTrainer):
     """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
 
@@ -268,8 +257,9 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             )
             if config.dpo_sync_ref_model:
                 self._set_up_reference_sync(config)
-        self._dpo_shared_prefix = takes_shared_prefixes(self._causal_lm(self.model).config)
-        """Run each pair's context once for both actions (decision 075)."""
+        self._shared_prefixes = takes_shared_prefixes(self._causal_lm(self.model).config)
+        """Run a context once for all its continuations: a DPO pair's two actions, a rollout's hinted turns
+        (`packing`, decision 075)."""
 
     def _set_up_reference_sync(self, config: ComposerConfig) -> None:
         if is_peft_model(self.model):
@@ -305,10 +295,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         causal_lm: torch.nn.Module,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Last hidden states. A `(rows, length, length)` boolean `attention_mask` says which keys each
-        query sees (a shared-prefix batch); it becomes the additive mask that eager and SDPA attention add."""
+        query sees (a packed batch); it becomes the additive mask that eager and SDPA attention add."""
         if attention_mask.dim() == 3:
             dtype = causal_lm.get_input_embeddings().weight.dtype
             blocked = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
@@ -430,7 +420,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids = inputs["completion_ids"]
         prompt_length = prompt_ids.size(1)
-        rows, positions, teacher_inputs, turn_lengths = [], [], [], []
+        rows, positions, teacher_rows, turn_lengths = [], [], [], []
         for row, sites in enumerate(inputs["hint_sites"]):
             if not sites:
                 continue
@@ -441,20 +431,20 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 span = range(prompt_length + site.start - 1, prompt_length + site.end - 1)
                 rows.extend([row] * len(span))
                 positions.extend(span)
-                teacher_inputs.append(teacher_sequence(prompt, completion, site, self._hint_template.header_ids))
                 turn_lengths.append(site.end - site.start)
+            teacher_rows.append(teacher_row(prompt, completion, sites, self._hint_template.header_ids))
         site_tokens = len(positions)
         if not site_tokens:
             # No site here but some on another rank: the same forwards on row 0's first completion token,
             # weighted 0, so this rank joins the parameter gathers of ZeRO-3 / FSDP in them.
             prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
             rows, positions, turn_lengths = [0], [prompt_length - 1], [1]
-            teacher_inputs = [[*prompt, int(completion_ids[0, 0])]]
+            teacher_rows = [PackedRow(prompt, [Continuation(len(prompt), [int(completion_ids[0, 0])])])]
         device = hidden_states.device
         student_logits = output_logits(
             self._causal_lm(model), hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
         )
-        teacher_logits = self._teacher_logits(teacher_inputs, turn_lengths)
+        teacher_logits = self._teacher_logits(teacher_rows, turn_lengths)
         jsd = generalized_jsd(
             student_logits,
             teacher_logits,
@@ -493,31 +483,38 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         return torch.maximum(inputs["num_items_in_batch"], hint_tokens).clamp(min=1)
 
     @torch.no_grad()
-    def _teacher_logits(self, sequences: list[list[int]], turn_lengths: list[int]) -> torch.Tensor:
-        """Teacher logits at the positions predicting each sequence's last `turn_length` tokens."""
+    def _teacher_logits(self, rows: Sequence[PackedRow], turn_lengths: Sequence[int]) -> torch.Tensor:
+        """Teacher logits at the positions predicting the last `turn_length` tokens of each continuation
+        (continuations in order, row by row); a rollout's context runs once for all its sites where the
+        model allows (`packing`)."""
         device = self.accelerator.device
-        input_ids = pad([torch.tensor(s) for s in sequences], padding_value=self._tokenizer.pad_token_id, padding_side="left")
-        attention_mask = pad([torch.ones(len(s), dtype=torch.long) for s in sequences], padding_value=0, padding_side="left")
-        width = input_ids.size(1)
-        rows = [row for row, n in enumerate(turn_lengths) for _ in range(n)]
-        positions = [p for n in turn_lengths for p in range(width - n - 1, width - 1)]
+        batch = pack(rows, self._tokenizer.pad_token_id, shared=self._shared_prefixes)
+        lengths = iter(turn_lengths)
+        batch_rows, positions = [], []
+        for row, placements in enumerate(batch.placements):
+            for continuation, placement in enumerate(placements):
+                count = next(lengths)
+                batch_rows.extend([placement.row] * count)
+                positions.extend(batch.predictors(row, continuation)[-count:])
         with self._teacher() as teacher:
-            hidden = self._hidden_states(teacher, input_ids.to(device), attention_mask.to(device))
-            gathered = hidden[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
-            return output_logits(teacher, gathered)
+            hidden = self._hidden_states(
+                teacher, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
+            )
+            return output_logits(teacher, hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)])
 
-    def _sequence_logps(self, causal_lm: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
-        """Summed log-probs of each sequence's scored tokens; the vocabulary is projected only there."""
+    def _sequence_logps(self, causal_lm: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+        """Summed log-probs of each continuation, in order; the vocabulary is projected only at its tokens."""
         device = self.accelerator.device
         hidden = self._hidden_states(
             causal_lm, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
         )
-        logits = output_logits(causal_lm, hidden[batch.score_rows.to(device), batch.score_positions.to(device)])
-        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.score_targets.to(device)[:, None]).squeeze(-1)
-        return torch.zeros(batch.sequences, device=device).index_add(0, batch.score_sequences.to(device), token_logps)
+        rows, predictors, targets, numbers = (t.to(device) for t in batch.scored_tokens())
+        logits = output_logits(causal_lm, hidden[rows, predictors])
+        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+        return torch.zeros(int(numbers[-1]) + 1, device=device).index_add(0, numbers, token_logps)
 
-    def _collate_pairs(self, preferences: PreferenceBatches, indices: list[int]) -> SequenceBatch:
-        return preferences.collate(indices, self._tokenizer.pad_token_id, shared_prefix=self._dpo_shared_prefix)
+    def _collate_pairs(self, preferences: PreferenceBatches, indices: list[int]) -> PackedBatch:
+        return preferences.collate(indices, self._tokenizer.pad_token_id, shared_prefix=self._shared_prefixes)
 
     @torch.no_grad()
     def _reference_logps(self, preferences: PreferenceBatches) -> torch.Tensor:
@@ -538,7 +535,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 for start in range(0, len(preferences.pairs), preferences.batch_size):
                     indices = list(range(start, min(start + preferences.batch_size, len(preferences.pairs))))
                     logps = self._sequence_logps(causal_lm, self._collate_pairs(preferences, indices))
-                    chunks.append(logps.view(2, -1).T.cpu())
+                    chunks.append(logps.view(-1, 2).cpu())
         finally:
             causal_lm.train(was_training)
         return torch.cat(chunks)
@@ -557,10 +554,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             preferences.reference_logps = self._reference_logps(preferences)
         indices = preferences.next_indices()
         batch = self._collate_pairs(preferences, indices)
-        policy = self._sequence_logps(self._causal_lm(model), batch).view(2, -1)
+        policy = self._sequence_logps(self._causal_lm(model), batch).view(-1, 2)  # (pairs, chosen / rejected)
         reference = preferences.reference_logps[indices].to(policy.device)
         out = dpo_loss(
-            policy[0], policy[1], reference[:, 0], reference[:, 1], beta=self.args.dpo_beta, loss_type=self.args.dpo_loss_type
+            policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], beta=self.args.dpo_beta, loss_type=self.args.dpo_loss_type
         )
         mode = "train" if self.model.training else "eval"
         loss = out.losses.mean()

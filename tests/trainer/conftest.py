@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,8 @@ import torch
 from datasets import Dataset
 
 from env_server.models import ErrorKind
-from trainer_client.hint_sites import ToolCallRecord, locate_hint_sites, turn_reports
+from trainer_client.hint_sites import HintSite, ToolCallRecord, locate_hint_sites, teacher_row, turn_reports
+from trainer_client.packing import Continuation, PackedRow
 from trainer_client.policy import load_tool_tokenizer, tiny_random_model
 from trainer_client.records import PreferencePair
 from trainer_client.trainer import ComposerConfig, ComposerTrainer
@@ -162,6 +164,35 @@ def build_batch(trainer: ComposerTrainer, tokenizer: Any, hinted: list[bool]) ->
         "hint_sites": sites,
         "hint_tokens": torch.tensor(sum(s.end - s.start for ss in sites for s in ss)),
     }
+
+
+def teacher_sequence(prompt: list[int], completion: list[int], site: HintSite, header_ids: Sequence[int]) -> list[int]:
+    """One site's teacher input as a plain sequence: the context up to turn k's header, the hint, the header, turn k."""
+    row = teacher_row(prompt, completion, [site], header_ids)
+    (continuation,) = row.continuations
+    return [*row.context[: continuation.cut], *continuation.token_ids]
+
+
+def alone(sequence: list[int]) -> PackedRow:
+    """A whole sequence as a packed row of one continuation (what `_teacher_logits` takes)."""
+    return PackedRow(sequence[:1], [Continuation(1, sequence[1:])])
+
+
+def full_forward_logps(model: torch.nn.Module, context: tuple[int, ...], action: tuple[int, ...]) -> torch.Tensor:
+    """The summed log-prob of `action` after `context`, from the model's own full forward."""
+    ids = torch.tensor([[*context, *action]])
+    logits = model(input_ids=ids).logits[0, len(context) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(action)[:, None]).sum()
+
+
+def expected_pair_logps(model: torch.nn.Module, preferences: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.tensor(
+            [
+                [full_forward_logps(model, pair.context_ids, action) for action in (pair.chosen_ids, pair.rejected_ids)]
+                for pair in preferences.pairs
+            ]
+        )
 
 
 def preference_pairs() -> list[PreferencePair]:

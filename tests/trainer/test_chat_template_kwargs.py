@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer.conftest import build_batch, make_config, make_trainer, preference_pairs
-from trainer_client.hint_sites import teacher_sequence
+from tests.trainer.conftest import build_batch, make_config, make_trainer, preference_pairs, teacher_sequence
 
 # Like Qwen3's template: tools in the system block, `<tool_call>` JSON in assistant turns, tool results as
 # `<tool_response>` user turns, a think block on every assistant turn (empty without reasoning: TRL's

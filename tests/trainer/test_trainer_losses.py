@@ -10,8 +10,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.trainer.conftest import build_batch, make_config, make_trainer, preference_pairs
-from trainer_client.hint_sites import teacher_sequence
+from tests.trainer.conftest import alone, build_batch, make_config, make_trainer, preference_pairs, teacher_sequence
 
 
 def loss_and_grads(trainer: Any, inputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -87,7 +86,7 @@ def test_student_and_teacher_score_the_same_tokens_position_by_position(tmp_path
         student_logits = model.lm_head(model.model(input_ids=ids, attention_mask=mask).last_hidden_state)[0]
         p = inputs["prompt_ids"].size(1)
         student_at_site = student_logits[p + site.start - 1 : p + site.end - 1]
-        teacher_logits = trainer._teacher_logits([teacher_sequence(prompt, completion, empty, trainer._hint_template.header_ids)], [len(turn)])
+        teacher_logits = trainer._teacher_logits([alone(teacher_sequence(prompt, completion, empty, trainer._hint_template.header_ids))], [len(turn)])
     assert teacher_logits.shape == student_at_site.shape
     torch.testing.assert_close(teacher_logits, student_at_site, rtol=1e-4, atol=1e-4)
     # and the argmax prediction of each position agrees token by token
