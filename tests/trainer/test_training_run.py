@@ -146,8 +146,9 @@ def test_two_steps_with_all_three_channels(runs) -> None:
     logs = [entry for entry in trainer.state.log_history if "sdpo/loss" in entry]
     assert len(logs) == 2
     for entry in logs:
-        # one rollout of two hit `command_not_found` with a hint: one site, scored by the teacher
-        assert entry["sdpo/hint_sites"] == 1
+        # one rollout of two hit `command_not_found` with a hint, and both submitted the untouched stub
+        assert entry["sdpo/hint_sites"] == 3
+        assert entry["policy/failures/submission_failed"] == 2
         assert entry["sdpo/loss"] > 0 and entry["sdpo/jsd"] > 0
         assert entry["env/error_rate/command_not_found"] == pytest.approx(0.25)  # 1 of 4 calls
         assert "dpo/loss" in entry
@@ -163,7 +164,10 @@ def test_concurrent_tool_rounds_match_the_serial_loop(runs) -> None:
     assert concurrent.call_records == serial.call_records
     assert concurrent.hint_sites == serial.hint_sites
     for batch in concurrent.hint_sites:
-        assert [len(sites) for sites in batch] == [1, 0]
+        assert [[site.error_kinds for site in sites] for sites in batch] == [
+            [("command_not_found",), ("submission_failed",)],
+            [("submission_failed",)],
+        ]
     assert concurrent.tool_messages == serial.tool_messages
 
 

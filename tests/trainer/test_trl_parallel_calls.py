@@ -94,5 +94,5 @@ def test_a_turn_with_several_calls_runs_them_in_order_up_to_the_cap(service_url,
             ("write_file", None), ("bash", None), ("bash", ErrorKind.TOO_MANY_CALLS), ("submit", None)
         ]
         assert records[2].hint == TOO_MANY_CALLS_HINT
-        # The turn that made too many calls is the rollout's one hint site.
-        assert [(site.turn, site.error_kinds) for site in sites] == [(0, ("too_many_calls",))]
+        # The turn that made too many calls is a hint site, and so is the submission of the unsolved task.
+        assert [(site.turn, site.error_kinds) for site in sites] == [(0, ("too_many_calls",)), (1, ("submission_failed",))]
