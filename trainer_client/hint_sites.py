@@ -5,10 +5,11 @@ reads each assistant turn (`turn_reports`): the service's error kinds for the ca
 a submission the hidden tests did not fully pass, and the failures TRL answers itself and the
 service never sees (an unparsable call, an unknown tool, arguments that are not named parameters, a
 turn with no call before the episode is over), each with a hint. `locate_hint_sites` puts the
-failed turns into completion token coordinates and, per turn k, `teacher_row` builds the
-teacher's input: the same tokens with a chat-templated hint message inserted just before turn k's
-assistant header (all of a rollout's sites as continuations of its tokens: `packing`). Student and teacher then score the identical tokens of turn k, position for
-position. Blame rules: docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
+failed turns into completion token coordinates, and `teacher_row` builds the teacher's input: per
+turn k, the same tokens with a chat-templated hint message inserted just before turn k's assistant
+header (all of a rollout's sites as continuations of its tokens: `packing`). Student and teacher
+then score the identical tokens of turn k, position for position. Blame rules:
+docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
 """
 
 from __future__ import annotations

@@ -500,7 +500,8 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             hidden = self._hidden_states(
                 teacher, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
             )
-            return output_logits(teacher, hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)])
+            scored = hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)]
+            return output_logits(teacher, scored)
 
     def _sequence_logps(self, causal_lm: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
         """Summed log-probs of each continuation, in order; the vocabulary is projected only at its tokens."""
@@ -511,7 +512,8 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         rows, predictors, targets, numbers = (t.to(device) for t in batch.scored_tokens())
         logits = output_logits(causal_lm, hidden[rows, predictors])
         token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-        return torch.zeros(int(numbers[-1]) + 1, device=device).index_add(0, numbers, token_logps)
+        continuations = sum(len(placements) for placements in batch.placements)  # known on the host: no device sync
+        return torch.zeros(continuations, device=device).index_add(0, numbers, token_logps)
 
     def _collate_pairs(self, preferences: PreferenceBatches, indices: list[int]) -> PackedBatch:
         return preferences.collate(indices, self._tokenizer.pad_token_id, shared_prefix=self._shared_prefixes)
