@@ -195,11 +195,16 @@ def expected_pair_logps(model: torch.nn.Module, preferences: Any) -> torch.Tenso
         )
 
 
+def bash_call(command: str) -> dict[str, Any]:
+    """An assistant message with one `bash` call, arguments as a JSON string (as OpenAI messages carry them)."""
+    call = {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
 def preference_pairs() -> list[PreferencePair]:
     context = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Run the tests."}]
-    call = lambda cmd: {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": cmd})}}]}  # noqa: E731
     return [
-        PreferencePair(state_id=f"s{i}", messages=context, chosen=call("python3 -m pytest -q"), rejected=call(f"pytset {i}"))
+        PreferencePair(state_id=f"s{i}", messages=context, chosen=bash_call("python3 -m pytest -q"), rejected=bash_call(f"pytset {i}"))
         for i in range(3)
     ]
 

@@ -5,23 +5,16 @@ hinted turns for the SDPO teacher."""
 from __future__ import annotations
 
 import copy
-import json
-from typing import Any
 
 import pytest
 import torch
 from transformers import MistralConfig, Qwen2Config
 
 from env_server.models import ErrorKind
-from tests.trainer.conftest import build_batch, expected_pair_logps, make_config, make_trainer, preference_pairs, teacher_sequence
+from tests.trainer.conftest import bash_call, build_batch, expected_pair_logps, make_config, make_trainer, preference_pairs, teacher_sequence
 from trainer_client.hint_sites import TurnFailure, TurnReport, locate_hint_sites, teacher_row
 from trainer_client.packing import Continuation, PackedRow, pack, takes_shared_prefixes
 from trainer_client.records import PreferencePair
-
-
-def bash_call(command: str) -> dict[str, Any]:
-    call = {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
