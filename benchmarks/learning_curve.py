@@ -21,8 +21,8 @@ Usage (the warm start and the benchmark use the same tasks and tool set, decisio
 Level-1 warmup tasks, tools `write_file, bash, submit`, one task per step. Full mode:
 3 seeds x 3 arms x 4 steps of 4 rollouts, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample
 at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. `--frontier-samples K`
-(default 0: off) first samples each train task K times with the warm start and trains on the tasks
-whose rewards differ first (the others after them), so that groups have reward variance. Measured times on the 2-core box are in
+(default 0: off) first samples each train task K times with the warm start and trains first on the tasks where a group
+of rollouts is likely to earn different rewards (the others after them), so that groups have reward variance. Measured times on the 2-core box are in
 docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
 Writes results.json, learning_curve.png and table.md under --out.
 """
@@ -50,6 +50,9 @@ MODES = {
     "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, frontier_samples=0),
     "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, frontier_samples=0),
 }
+FRONTIER_CHANCE = 0.75
+"""A frontier task's least estimated chance that a group has reward variance: with 8 tries and groups of 4,
+at least 2 tries earn a reward the others do not (1 of 8 estimates 0.5; with 4 tries, any difference is 1.0)."""
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 TRAIN_KEYS = (
@@ -106,10 +109,23 @@ def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: 
     return report
 
 
-def frontier(candidates: list[str], samples: int, factory: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The candidates at the warm start's frontier: tasks whose `samples` tries (at the evaluation
-    temperature) earn different rewards, so a GRPO group on them likely has reward variance. A task the
-    warm start always solves, or never, gives a group with none (decision 073)."""
+def group_variance_chance(rewards: list[float], group: int) -> float:
+    """The chance that `group` tries of a task, drawn like these `rewards`, do not all earn the same reward:
+    1 - sum over reward values of C(tries with it, group) / C(tries, group), the unbiased estimate from
+    the subsets of the tries (needs at least `group` tries)."""
+    if len(rewards) < group:
+        raise ValueError(f"{len(rewards)} tries cannot estimate a group of {group}: sample at least as many as the group")
+    counts: dict[float, int] = {}
+    for reward in rewards:
+        counts[round(reward, 6)] = counts.get(round(reward, 6), 0) + 1
+    return 1.0 - sum(math.comb(count, group) for count in counts.values()) / math.comb(len(rewards), group)
+
+
+def frontier(candidates: list[str], samples: int, group: int, factory: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The candidates at the warm start's frontier: tasks on which a GRPO group of `group` rollouts has
+    reward variance with a chance of at least FRONTIER_CHANCE, estimated from `samples` tries each at the
+    evaluation temperature. A task the warm start always solves, or never, gives groups with none, and
+    with few tries a task it solves once in a while looks like one at the frontier (decision 073)."""
     from trainer_client.policy import PolicySpec, load_policy
 
     model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
@@ -117,9 +133,11 @@ def frontier(candidates: list[str], samples: int, factory: Any, args: argparse.N
     rewards: dict[str, list[float]] = {task: [] for task in candidates}
     for episode in _episodes(model, tokenizer, factory, candidates, samples, 0, args):
         rewards[episode.task_id].append(episode.reward or 0.0)
+    chances = {task: group_variance_chance(tries, group) for task, tries in rewards.items()}
     return {
-        "tasks": [task for task in candidates if len(set(rewards[task])) > 1],
+        "tasks": [task for task in candidates if chances[task] >= FRONTIER_CHANCE],
         "rewards": rewards,
+        "group_variance_chance": chances,
         "seconds": time.perf_counter() - started,
     }
 
@@ -338,8 +356,10 @@ def main() -> int:
 
     factory = environment_factory(_client_settings(args))
     if mode["frontier_samples"]:
+        if mode["frontier_samples"] < mode["generations"]:
+            parser.error(f"--frontier-samples must be at least the group size ({mode['generations']}) to estimate its variance")
         if "frontier" not in results:
-            results["frontier"] = frontier(tasks["train"], mode["frontier_samples"], factory, args)
+            results["frontier"] = frontier(tasks["train"], mode["frontier_samples"], mode["generations"], factory, args)
             print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
         tasks["frontier"] = results["frontier"]["tasks"]
     results.update({"mode": "quick" if args.quick else "full", "tasks": tasks, "steps": steps})
