@@ -143,6 +143,9 @@ class StubOpenAI:
                     self._send(200, json.dumps(completion).encode(), request)
 
             def _send(self, status: int, payload: bytes, request: Request) -> None:
+                # Recorded before the client can read the answer: a client that counts the answer it got
+                # must never see the stub count one fewer.
+                request.status = status
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(payload)))
@@ -150,6 +153,5 @@ class StubOpenAI:
                     self.send_header("retry-after", "0")
                 self.end_headers()
                 self.wfile.write(payload)
-                request.status = status
 
         return Handler
