@@ -21,9 +21,9 @@ Usage (the warm start and the benchmark use the same tasks and tool set, decisio
 Level-1 warmup tasks, tools `write_file, bash, submit`, one task per step. Full mode:
 3 seeds x 3 arms x 4 steps of 4 rollouts, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample
 at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. `--frontier-samples K`
-(default 0: off) first samples each train task K times with the warm start and trains first on the tasks where a group
-of rollouts is likely to earn different rewards (the others after them), so that groups have reward variance. Measured times on the 2-core box are in
-docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
+(default 0: off) first samples each train task K times with the warm start and trains first on the
+tasks where a group of rollouts is likely to earn different rewards (the others after them), so that
+groups have reward variance. Measured times on the 2-core box are in docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
 Writes results.json, learning_curve.png and table.md under --out.
 """
 
@@ -36,6 +36,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +116,7 @@ def group_variance_chance(rewards: list[float], group: int) -> float:
     the subsets of the tries (needs at least `group` tries)."""
     if len(rewards) < group:
         raise ValueError(f"{len(rewards)} tries cannot estimate a group of {group}: sample at least as many as the group")
-    counts: dict[float, int] = {}
-    for reward in rewards:
-        counts[round(reward, 6)] = counts.get(round(reward, 6), 0) + 1
+    counts = Counter(round(reward, 6) for reward in rewards)
     return 1.0 - sum(math.comb(count, group) for count in counts.values()) / math.comb(len(rewards), group)
 
 
