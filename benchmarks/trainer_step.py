@@ -15,7 +15,7 @@ per-repetition ratios, the process CPU time per step (less sensitive to other jo
 and the load average. Peak memory: each arm alone in its own subprocess (CUDA max allocated, or the
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
-    python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100]
+    python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts]
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -81,10 +81,11 @@ class ScriptedBatchTrainer(ComposerTrainer):
         return dict(self.scripted_batch)  # TRL shuffles and splits a copy; the tensors are not changed in place
 
 
-def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) -> dict[str, Any]:
+def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate, site_turns: str) -> dict[str, Any]:
     """Rollouts as TRL lays them out: prompt ending in the assistant header; turns of policy tokens ending in
     `<|im_end|>`, each but the last followed by tool output (masked out) ending in the next assistant header;
-    a hint site on each of the first `sites_per_sample` turns."""
+    a hint site on each of the first (`site_turns` "first") or last ("last") `sites_per_sample` turns."""
+    hinted_turns = range(p["sites_per_sample"]) if site_turns == "first" else range(p["turns"] - p["sites_per_sample"], p["turns"])
     g = torch.Generator().manual_seed(1)
     header = list(template.header_ids)
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -98,7 +99,7 @@ def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) ->
             start = len(completion)
             completion += filler(p["turn_tokens"] - 1) + [end_of_turn]
             tool_mask += [1] * p["turn_tokens"]
-            if turn < p["sites_per_sample"]:
+            if turn in hinted_turns:
                 rollout_sites.append(HintSite(turn=turn, start=start, end=len(completion), hints=("hint",),
                                               hint_ids=hint_ids, error_kinds=("command_not_found",)))
             if turn < p["turns"] - 1:
@@ -140,7 +141,7 @@ class Arm:
     """One trainer with its optimizer, ready to take real optimizer steps on the scripted batch."""
 
     def __init__(
-        self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device, jsd_top_k: int | None
+        self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device, args: argparse.Namespace
     ) -> None:
         sdpo_weight, dpo_weight = ARMS[name]
         config = ComposerConfig(
@@ -148,7 +149,8 @@ class Arm:
             fp16=False, activation_checkpointing=p["activation_checkpointing"], per_device_train_batch_size=p["batch"],
             num_generations=2, max_completion_length=completion_length(p), report_to=[], save_strategy="no",
             learning_rate=1e-6, seed=0, sdpo_weight=sdpo_weight, dpo_weight=dpo_weight,
-            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + 64, jsd_top_k=jsd_top_k,
+            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + 64, jsd_top_k=args.jsd_top_k,
+            sdpo_reuse_policy_cache=not args.teacher_runs_contexts,
         )
         self.trainer = ScriptedBatchTrainer(
             model=model.to(device),
@@ -160,7 +162,7 @@ class Arm:
         )
         template = HintTemplate(tokenizer, chat_template=self.trainer.chat_template,
                                 chat_template_kwargs=self.trainer.chat_template_kwargs, role=config.hint_role)
-        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template)
+        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template, args.site_turns)
         self.trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
         self.trainer.create_optimizer()
         # As transformers' training loop prepares them (mixed-precision autocast, device placement).
@@ -185,10 +187,10 @@ def current_rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_peak(name: str, p: dict[str, Any], device: torch.device, jsd_top_k: int | None) -> dict[str, int]:
+def measure_peak(name: str, p: dict[str, Any], device: torch.device, args: argparse.Namespace) -> dict[str, int]:
     """Peak memory of one arm alone: a warm-up step, then two measured ones."""
     tokenizer = load_tool_tokenizer()
-    arm = Arm(name, p, random_model(p, len(tokenizer)), tokenizer, device, jsd_top_k)
+    arm = Arm(name, p, random_model(p, len(tokenizer)), tokenizer, device, args)
     if device.type == "cuda":
         arm.step()
         torch.cuda.reset_peak_memory_stats()
@@ -206,6 +208,11 @@ def main() -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repetitions", type=int, help="measured steps per arm, interleaved (after one warm-up each)")
     parser.add_argument("--jsd-top-k", type=int, help="the trainer's `jsd_top_k` (default: its own, the full vocabulary)")
+    parser.add_argument("--site-turns", choices=["first", "last"], default="first",
+                        help="which turns hold the hint sites: the first (a short teacher context) or the last, where "
+                        "a failed submission's site is (decision 074; the teacher's context is nearly the whole rollout)")
+    parser.add_argument("--teacher-runs-contexts", action="store_true",
+                        help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
     args = parser.parse_args()
     preset = dict(PRESETS[args.preset])
@@ -213,19 +220,20 @@ def main() -> int:
         preset["repetitions"] = args.repetitions
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if args.peak_of:
-        print(json.dumps(measure_peak(args.peak_of, preset, device, args.jsd_top_k)))
+        print(json.dumps(measure_peak(args.peak_of, preset, device, args)))
         return 0
 
     peaks = {}
     for name in ARMS:
         command = [sys.executable, __file__, "--preset", args.preset, "--peak-of", name]
         command += ["--jsd-top-k", str(args.jsd_top_k)] if args.jsd_top_k else []
+        command += ["--site-turns", args.site_turns] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
     tokenizer = load_tool_tokenizer()
     model = random_model(preset, len(tokenizer))
-    arms = {name: Arm(name, preset, copy.deepcopy(model), tokenizer, device, args.jsd_top_k) for name in ARMS}
+    arms = {name: Arm(name, preset, copy.deepcopy(model), tokenizer, device, args) for name in ARMS}
     for arm in arms.values():  # warm-up: allocator, kernels, optimizer state
         arm.step()
     load_before = os.getloadavg()[0]
@@ -243,6 +251,7 @@ def main() -> int:
     parameters = sum(x.numel() for x in model.parameters())
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
+          f"site_turns={args.site_turns} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
     print(f"shapes={json.dumps(preset)} completion={completion_length(preset)}")
     memory = "peak GiB" if device.type == "cuda" else "RSS GiB"

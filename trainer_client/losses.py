@@ -20,17 +20,19 @@ Reduction = Literal["none", "sum", "mean"]
 
 
 def _top_k_with_tail(
-    student_logps: torch.Tensor, teacher_logps: torch.Tensor, top_k: int
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both distributions restricted to the teacher's top-k tokens plus one bucket for the rest.
+    """Both log-distributions restricted to the teacher's top-k tokens plus one bucket for the rest.
 
     The bucket keeps each restricted distribution normalised, so the divergence still sees how much
-    mass the student puts outside the teacher's support instead of renormalising it away.
+    mass the student puts outside the teacher's support instead of renormalising it away. Only the
+    top-k log-probs are formed (logit minus logsumexp): no `(..., vocab)` log-softmax is kept, for the
+    forward or the backward.
     """
-    index = teacher_logps.topk(top_k, dim=-1).indices
-    heads = [logps.gather(-1, index) for logps in (student_logps, teacher_logps)]
+    index = teacher_logits.topk(top_k, dim=-1).indices  # the logits' order is the probabilities'
     restricted = []
-    for head in heads:
+    for logits in (student_logits, teacher_logits):
+        head = logits.gather(-1, index) - logits.logsumexp(dim=-1, keepdim=True)
         head_mass = head.logsumexp(dim=-1, keepdim=True).clamp(max=0.0)
         # log(1 - exp(x)) = log(-expm1(x)), accurate when the head holds almost all the mass
         tail = torch.log((-torch.expm1(head_mass)).clamp(min=torch.finfo(head.dtype).tiny))
@@ -76,10 +78,11 @@ def generalized_jsd(
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    student_logps = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    teacher_logps = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    if top_k is not None and top_k < student_logps.size(-1):
-        student_logps, teacher_logps = _top_k_with_tail(student_logps, teacher_logps, top_k)
+    student_logits, teacher_logits = student_logits.float() / temperature, teacher_logits.float() / temperature
+    if top_k is not None and top_k < student_logits.size(-1):
+        student_logps, teacher_logps = _top_k_with_tail(student_logits, teacher_logits, top_k)
+    else:
+        student_logps, teacher_logps = F.log_softmax(student_logits, dim=-1), F.log_softmax(teacher_logits, dim=-1)
 
     def kl(p_logps: torch.Tensor, q_logps: torch.Tensor) -> torch.Tensor:
         return F.kl_div(q_logps, p_logps, reduction="none", log_target=True).sum(-1)

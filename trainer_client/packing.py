@@ -9,6 +9,10 @@ float summation order). The mask is a `(rows, length, length)` boolean; the trai
 the additive 4D mask transformers passes to the attention unchanged (decision 075). Where a model
 cannot take such a mask (`takes_shared_prefixes`), `pack(shared=False)` gives each continuation a
 row of its own, `context[:cut] + continuation`, with the same coordinates API.
+
+Where the contexts are already in a key-value cache (the policy's own forward over the rollouts,
+decision 076), `pack_after_cache` lays out the continuations alone: their queries see the cached
+context before their cut, by a mask over the cache's positions and their own.
 """
 
 from __future__ import annotations
@@ -138,3 +142,60 @@ def pack(rows: Sequence[PackedRow], pad_token_id: int, *, shared: bool) -> Packe
     cursor = iter(placed)  # continuations were placed in the order given, packed or not
     placements = tuple(tuple(next(cursor) for _ in row.continuations) for row in rows)
     return PackedBatch(input_ids, attention_mask, position_ids, placements)
+
+
+@dataclass(frozen=True)
+class ContinuationBatch:
+    """Right-padded rows of continuations alone, whose contexts are in a key-value cache of
+    `cache_length` positions (the row's context starting at its `context_start` there)."""
+
+    input_ids: torch.Tensor
+    """`(rows, length)` continuation token ids."""
+    attention_mask: torch.Tensor
+    """`(rows, length, cache_length + length)` booleans: true where the query may attend to the key
+    (the cache's positions, then the row's own tokens)."""
+    position_ids: torch.Tensor
+    """`(rows, length)`: a continuation goes on from its cut's position in the cache."""
+    placements: tuple[tuple[Placement, ...], ...]
+    """Per `PackedRow` given, per continuation, where it landed (`start`: index in its batch row)."""
+
+    def predictors(self, row: int, continuation: int) -> list[int]:
+        """Per token of a continuation but the first, the index (in its batch row) whose hidden state
+        predicts it. The first token's predictor is the context's last token before the cut, which this
+        batch does not run."""
+        placement = self.placements[row][continuation]
+        return list(range(placement.start, placement.start + placement.length - 1))
+
+
+def pack_after_cache(
+    rows: Sequence[PackedRow], pad_token_id: int, *, context_starts: Sequence[int], cache_length: int
+) -> ContinuationBatch:
+    """Lay out the continuations of `rows`, row `i`'s context being the cache's row `i` from
+    `context_starts[i]` (its left padding) on, at positions equal to their cache indices."""
+    if len(context_starts) != len(rows):
+        raise ValueError("one context start per row")
+    for row, start in zip(rows, context_starts, strict=True):
+        for continuation in row.continuations:
+            if not 0 < continuation.cut <= len(row.context) or not continuation.token_ids:
+                raise ValueError("a continuation must follow a non-empty part of its context and hold tokens")
+            if start + continuation.cut > cache_length:
+                raise ValueError("a continuation's cut lies beyond the cache")
+    length = max(sum(len(c.token_ids) for c in row.continuations) for row in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length, cache_length + length), dtype=torch.bool)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    placed: list[tuple[Placement, ...]] = []
+    for index, (row, context_start) in enumerate(zip(rows, context_starts, strict=True)):
+        start, placements = 0, []
+        for continuation in row.continuations:
+            end = start + len(continuation.token_ids)
+            cut = context_start + continuation.cut  # the cut in cache positions
+            input_ids[index, start:end] = torch.tensor(list(continuation.token_ids), dtype=torch.long)
+            position_ids[index, start:end] = torch.arange(cut, cut + end - start)
+            attention_mask[index, start:end, context_start:cut] = True
+            attention_mask[index, start:end, cache_length + start : cache_length + end] = causal[: end - start, : end - start]
+            placements.append(Placement(index, start, continuation.cut, end - start))
+            start = end
+        placed.append(tuple(placements))
+    return ContinuationBatch(input_ids, attention_mask, position_ids, tuple(placed))

@@ -9,9 +9,10 @@
   call; decision 063), the teacher (the policy without gradient, reading the hint just before the
   turn) is distilled into the student (the policy on the original context) with a generalized JSD
   over that turn's tokens.
-  The student's hidden states come from GRPO's own forward pass (a hook on the backbone); the
-  vocabulary projection runs only at hint-site positions, for student and teacher alike, through the
-  model's own output path (softcapping, logit scaling: `output_head`).
+  The student's hidden states come from GRPO's own forward pass (a hook on the backbone), and so do
+  the contexts the live teacher reads: it runs only each hint and hinted turn, after GRPO's keys and
+  values (decision 076). The vocabulary projection runs only at hint-site positions, for student and
+  teacher alike, through the model's own output path (softcapping, logit scaling: `output_head`).
 - DPO (trace replay): mini-batches of preference pairs (each rank its own shard), reference log-probs
   computed at the first DPO loss (after `accelerator.prepare`) and cached; optionally trust-region DPO
   (the reference moved towards the policy every `dpo_ref_model_sync_steps` steps, decision 068).
@@ -36,14 +37,14 @@ from typing import Any, ClassVar, Literal
 import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import Cache, DynamicCache, TrainerCallback
 from trl.models.utils import disable_gradient_checkpointing
 
 from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, ConcurrentRolloutTrainer
 from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_row, turn_reports
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.output_head import output_logits
-from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack, takes_shared_prefixes
+from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack, pack_after_cache, takes_shared_prefixes
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
@@ -76,6 +77,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
         },
     )
     teacher_ema_decay: float = field(default=0.99, metadata={"help": "EMA decay per optimizer step ('ema' teacher)."})
+    sdpo_reuse_policy_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "The live teacher reads the rollouts' contexts from the keys and values of GRPO's own forward and "
+            "runs only the hints and hinted turns (decision 076). Applies without activation checkpointing (which "
+            "keeps no cache) and where packed rows apply; otherwise, or off, the teacher runs the contexts again."
+        },
+    )
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
     tool_call_marker: str = field(
         default="<tool_call>",
@@ -131,23 +140,55 @@ class ComposerConfig(ConcurrentRolloutConfig):
 
 
 class _BackboneOutput:
-    """Captures the backbone's last hidden state during one forward pass (with its autograd graph)."""
+    """Captures the backbone's last hidden state during one forward pass (with its autograd graph) and,
+    if asked to `keep_cache`, its keys and values (the backbone is told to return them)."""
 
-    def __init__(self, backbone: torch.nn.Module) -> None:
+    def __init__(self, backbone: torch.nn.Module, *, keep_cache: bool) -> None:
         self._backbone = backbone
+        self._keep_cache = keep_cache
         self.hidden_states: torch.Tensor | None = None
+        self.cache: Cache | None = None
+        """Per layer `(batch, kv heads, length, head dim)`; None, or shorter than the input, where the model
+        could not keep it (activation checkpointing drops the cache inside the layers)."""
 
     def __enter__(self) -> _BackboneOutput:
+        def ask_for_cache(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            return args, {**kwargs, "use_cache": True}
+
         def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
             if self.hidden_states is not None:
                 raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
             self.hidden_states = output.last_hidden_state
+            if self._keep_cache:
+                self.cache = output.get("cache")
 
-        self._handle = self._backbone.register_forward_hook(keep)
+        self._handles = [self._backbone.register_forward_hook(keep)]
+        if self._keep_cache:
+            self._handles.append(self._backbone.register_forward_pre_hook(ask_for_cache, with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
+
+    def context_cache(self) -> Cache | None:
+        """The keys and values of every input position, or None where the forward did not keep them all."""
+        if self.cache is None or self.cache.get_seq_length() != self.hidden_states.size(1):
+            return None
+        return self.cache
+
+
+@dataclass(frozen=True)
+class PolicyContexts:
+    """The rollouts' contexts as the policy's GRPO forward left them in its key-value cache: the live
+    teacher reads them there instead of running them again (decision 076)."""
+
+    cache: Cache
+    """Keys and values of the micro-batch's rows (left-padded prompt, then completion), per layer."""
+    rows: list[int]
+    """Per teacher row, its row in the micro-batch."""
+    context_starts: list[int]
+    """Per teacher row, the cache index of its first token (the prompt's left padding)."""
 
 
 class _EmaTeacherUpdate(TrainerCallback):
@@ -296,9 +337,11 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
+        cache: Cache | None = None,
     ) -> torch.Tensor:
-        """Last hidden states. A `(rows, length, length)` boolean `attention_mask` says which keys each
-        query sees (a packed batch); it becomes the additive mask that eager and SDPA attention add."""
+        """Last hidden states, after the keys and values in `cache` if given. A `(rows, length, keys)` boolean
+        `attention_mask` says which keys each query sees (a packed batch); it becomes the additive mask that
+        eager and SDPA attention add."""
         if attention_mask.dim() == 3:
             dtype = causal_lm.get_input_embeddings().weight.dtype
             blocked = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
@@ -308,7 +351,8 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         # `_compute_loss`, after GRPO's forward (decision 069).
         with self.accelerator.autocast():
             return causal_lm.base_model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                use_cache=cache is not None,
             )[0]
 
     @contextlib.contextmanager
@@ -398,9 +442,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         # `hint_tokens` counts the whole generation batch on every rank, so all ranks take the same branch
         # (the SDPO forwards are collectives under ZeRO-3 / FSDP); a rank without a site of its own runs a dummy.
         if self.args.sdpo_weight > 0 and "hint_sites" in inputs and int(inputs["hint_tokens"]) > 0:
-            with _BackboneOutput(self._causal_lm(model).base_model) as captured:
+            keep_cache = self._teacher_reads_policy_cache()
+            with _BackboneOutput(self._causal_lm(model).base_model, keep_cache=keep_cache) as captured:
                 loss = super()._compute_loss(model, inputs)
-            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states)
+            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.context_cache())
             loss = loss + self.args.sdpo_weight * sdpo
         else:
             loss = super()._compute_loss(model, inputs)
@@ -414,17 +459,26 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         """Each micro-step's share of an optimizer step, as TRL's GRPO loss scales itself."""
         return float(self.current_gradient_accumulation_steps) if self.model.training else 1.0
 
-    def _sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor) -> torch.Tensor:
+    def _teacher_reads_policy_cache(self) -> bool:
+        """Whether the teacher can take the rollouts' contexts from GRPO's forward: it is that forward's
+        model (the live policy) and it runs packed continuations (decision 076)."""
+        return self.args.sdpo_reuse_policy_cache and self.args.sdpo_teacher == "live" and self._shared_prefixes
+
+    def _sdpo_loss(
+        self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor, cache: Cache | None = None
+    ) -> torch.Tensor:
         """Generalized JSD summed over this micro-batch's hint-site tokens, divided by a token count of the
-        generation batch (`sdpo_normalizer`)."""
+        generation batch (`sdpo_normalizer`). `cache`: GRPO's keys and values of the micro-batch, if kept."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids = inputs["completion_ids"]
         prompt_length = prompt_ids.size(1)
-        rows, positions, teacher_rows, turn_lengths = [], [], [], []
+        rows, positions, teacher_rows, turn_lengths, cache_rows, context_starts = [], [], [], [], [], []
         for row, sites in enumerate(inputs["hint_sites"]):
             if not sites:
                 continue
             prompt = prompt_ids[row][prompt_mask[row].bool()].tolist()
+            cache_rows.append(row)
+            context_starts.append(prompt_length - len(prompt))  # TRL left-pads prompts
             completion = completion_ids[row].tolist()
             for site in sites:
                 # the hidden state at t predicts token t + 1
@@ -440,11 +494,13 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
             rows, positions, turn_lengths = [0], [prompt_length - 1], [1]
             teacher_rows = [PackedRow(prompt, [Continuation(len(prompt), [int(completion_ids[0, 0])])])]
+            cache = None  # the dummy's one token is predicted from the context
         device = hidden_states.device
         student_logits = output_logits(
             self._causal_lm(model), hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
         )
-        teacher_logits = self._teacher_logits(teacher_rows, turn_lengths)
+        contexts = PolicyContexts(cache, cache_rows, context_starts) if cache is not None else None
+        teacher_logits = self._teacher_logits(teacher_rows, turn_lengths, contexts)
         jsd = generalized_jsd(
             student_logits,
             teacher_logits,
@@ -483,22 +539,38 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         return torch.maximum(inputs["num_items_in_batch"], hint_tokens).clamp(min=1)
 
     @torch.no_grad()
-    def _teacher_logits(self, rows: Sequence[PackedRow], turn_lengths: Sequence[int]) -> torch.Tensor:
+    def _teacher_logits(
+        self, rows: Sequence[PackedRow], turn_lengths: Sequence[int], contexts: PolicyContexts | None = None
+    ) -> torch.Tensor:
         """Teacher logits at the positions predicting the last `turn_length` tokens of each continuation
-        (continuations in order, row by row); a rollout's context runs once for all its sites where the
-        model allows (`packing`)."""
+        (continuations in order, row by row). The contexts are read from GRPO's keys and values where
+        given (`contexts`), else run: a rollout's context once for all its sites where the model allows
+        (`packing`)."""
         device = self.accelerator.device
-        batch = pack(rows, self._tokenizer.pad_token_id, shared=self._shared_prefixes)
+        if contexts is not None:
+            batch = pack_after_cache(
+                rows, self._tokenizer.pad_token_id, context_starts=contexts.context_starts,
+                cache_length=contexts.cache.get_seq_length(),
+            )
+            index = torch.tensor(contexts.rows, device=device)
+            # the teacher's own cache: its forward appends to it, and only the teacher rows' contexts are read
+            cache = DynamicCache(ddp_cache_data=[(keys[index].detach(), values[index].detach()) for keys, values, *_ in contexts.cache])
+        else:
+            batch = pack(rows, self._tokenizer.pad_token_id, shared=self._shared_prefixes)
+            cache = None
         lengths = iter(turn_lengths)
         batch_rows, positions = [], []
         for row, placements in enumerate(batch.placements):
             for continuation, placement in enumerate(placements):
                 count = next(lengths)
+                predictors = batch.predictors(row, continuation)
+                if count > len(predictors):
+                    raise ValueError("a turn's first token is predicted from the cached context; put the hint before it")
                 batch_rows.extend([placement.row] * count)
-                positions.extend(batch.predictors(row, continuation)[-count:])
+                positions.extend(predictors[-count:])
         with self._teacher() as teacher:
             hidden = self._hidden_states(
-                teacher, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
+                teacher, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device), cache
             )
             scored = hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)]
             return output_logits(teacher, scored)

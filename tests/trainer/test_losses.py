@@ -62,6 +62,32 @@ def test_top_k_keeps_a_tail_bucket() -> None:
     assert value.item() == pytest.approx(0.223144, abs=1e-6)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_top_k_equals_the_divergence_of_the_restricted_distributions_with_gradients(beta: float) -> None:
+    """Against the definition written out: full log-softmax, the teacher's top-k gathered, the rest's mass
+    as a tail bucket; the divergence of those two distributions, and its gradient on the student."""
+    torch.manual_seed(0)
+    teacher = torch.randn(5, 300) * 3
+    student = (torch.randn(5, 300) * 3).requires_grad_()
+    value = generalized_jsd(student, teacher, beta=beta, temperature=0.7, top_k=10, reduction="sum")
+    (gradient,) = torch.autograd.grad(value, student)
+
+    reference_student = student.detach().double().requires_grad_()  # float64: `1 - head` cancels
+
+    def restricted(logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits / 0.7, dim=-1)
+        head = probs.gather(-1, teacher.topk(10, dim=-1).indices)
+        return torch.cat([head, 1 - head.sum(-1, keepdim=True)], dim=-1)
+
+    p, q = restricted(teacher.double()), restricted(reference_student)
+    m = beta * p + (1 - beta) * q
+    kl = lambda a, b: (a * (a / b).log()).sum(-1)  # noqa: E731
+    expected = {0.0: lambda: kl(p, q), 1.0: lambda: kl(q, p)}.get(beta, lambda: beta * kl(p, m) + (1 - beta) * kl(q, m))().sum()
+    (expected_gradient,) = torch.autograd.grad(expected, reference_student)
+    torch.testing.assert_close(value, expected.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gradient, expected_gradient.float(), rtol=1e-3, atol=1e-5)
+
+
 def test_mask_drops_positions_from_sum_and_mean() -> None:
     student = torch.stack([STUDENT, STUDENT.flip(0)])
     teacher = torch.stack([TEACHER, TEACHER])
