@@ -16,6 +16,7 @@ and the load average. Peak memory: each arm alone in its own subprocess (CUDA ma
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts]
+    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -47,11 +48,16 @@ from trainer_client.trainer import ComposerConfig, ComposerTrainer  # noqa: E402
 PRESETS: dict[str, dict[str, Any]] = {
     # 2 shared CPU cores: small model, real vocabulary.
     "cpu": dict(hidden=256, layers=4, heads=4, kv_heads=2, batch=4, prompt=64, turns=4, turn_tokens=48,
-                tool_tokens=16, sites_per_sample=1, dpo_pairs=2, dpo_length=128, repetitions=10,
+                tool_tokens=16, sites_per_sample=1, site_turns="first", dpo_pairs=2, dpo_length=128, repetitions=10,
                 dtype="float32", activation_checkpointing=False),
+    # SmolLM2-135M's shape (the learning curves' model: 30 layers of 576, 9 heads, 3 KV heads), random init;
+    # a tool-schema-sized prompt; 4 turns, the hint site on the last (a failed submission, decision 074).
+    "smollm2": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, batch=4, prompt=512, turns=4,
+                    turn_tokens=48, tool_tokens=64, sites_per_sample=1, site_turns="last", dpo_pairs=2, dpo_length=512, repetitions=5,
+                    dtype="float32", activation_checkpointing=False),
     # Realistic shape: 0.52B parameters (Qwen2-style, SmolLM2 vocabulary), completions of 2,048 tokens, bf16.
     "gpu": dict(hidden=1024, layers=24, heads=16, kv_heads=4, batch=4, prompt=512, turns=8, turn_tokens=200,
-                tool_tokens=64, sites_per_sample=2, dpo_pairs=2, dpo_length=512, repetitions=20,
+                tool_tokens=64, sites_per_sample=2, site_turns="first", dpo_pairs=2, dpo_length=512, repetitions=20,
                 dtype="bfloat16", activation_checkpointing=True),
 }
 ARMS = {"grpo": (0.0, 0.0), "grpo+sdpo": (0.5, 0.0), "grpo+sdpo+dpo": (0.5, 0.1)}
@@ -64,7 +70,7 @@ def completion_length(p: dict[str, Any]) -> int:
 
 def random_model(p: dict[str, Any], vocab_size: int) -> PreTrainedModel:
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=p["hidden"], intermediate_size=int(p["hidden"] * 5.4),
+        vocab_size=vocab_size, hidden_size=p["hidden"], intermediate_size=p.get("intermediate", int(p["hidden"] * 5.4)),
         num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
         max_position_embeddings=8192, tie_word_embeddings=True,
     )
@@ -81,11 +87,11 @@ class ScriptedBatchTrainer(ComposerTrainer):
         return dict(self.scripted_batch)  # TRL shuffles and splits a copy; the tensors are not changed in place
 
 
-def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate, site_turns: str) -> dict[str, Any]:
+def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) -> dict[str, Any]:
     """Rollouts as TRL lays them out: prompt ending in the assistant header; turns of policy tokens ending in
     `<|im_end|>`, each but the last followed by tool output (masked out) ending in the next assistant header;
     a hint site on each of the first (`site_turns` "first") or last ("last") `sites_per_sample` turns."""
-    hinted_turns = range(p["sites_per_sample"]) if site_turns == "first" else range(p["turns"] - p["sites_per_sample"], p["turns"])
+    hinted_turns = range(p["sites_per_sample"]) if p["site_turns"] == "first" else range(p["turns"] - p["sites_per_sample"], p["turns"])
     g = torch.Generator().manual_seed(1)
     header = list(template.header_ids)
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -162,7 +168,7 @@ class Arm:
         )
         template = HintTemplate(tokenizer, chat_template=self.trainer.chat_template,
                                 chat_template_kwargs=self.trainer.chat_template_kwargs, role=config.hint_role)
-        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template, args.site_turns)
+        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template)
         self.trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
         self.trainer.create_optimizer()
         # As transformers' training loop prepares them (mixed-precision autocast, device placement).
@@ -208,9 +214,9 @@ def main() -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repetitions", type=int, help="measured steps per arm, interleaved (after one warm-up each)")
     parser.add_argument("--jsd-top-k", type=int, help="the trainer's `jsd_top_k` (default: its own, the full vocabulary)")
-    parser.add_argument("--site-turns", choices=["first", "last"], default="first",
-                        help="which turns hold the hint sites: the first (a short teacher context) or the last, where "
-                        "a failed submission's site is (decision 074; the teacher's context is nearly the whole rollout)")
+    parser.add_argument("--site-turns", choices=["first", "last"],
+                        help="which turns hold the hint sites (default: the preset's): the first (a short teacher context) "
+                        "or the last, where a failed submission's site is (decision 074; the context is nearly the rollout)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
@@ -218,6 +224,8 @@ def main() -> int:
     preset = dict(PRESETS[args.preset])
     if args.repetitions:
         preset["repetitions"] = args.repetitions
+    if args.site_turns:
+        preset["site_turns"] = args.site_turns
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if args.peak_of:
         print(json.dumps(measure_peak(args.peak_of, preset, device, args)))
@@ -227,7 +235,7 @@ def main() -> int:
     for name in ARMS:
         command = [sys.executable, __file__, "--preset", args.preset, "--peak-of", name]
         command += ["--jsd-top-k", str(args.jsd_top_k)] if args.jsd_top_k else []
-        command += ["--site-turns", args.site_turns] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
+        command += ["--site-turns", preset["site_turns"]] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
@@ -251,7 +259,7 @@ def main() -> int:
     parameters = sum(x.numel() for x in model.parameters())
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
-          f"site_turns={args.site_turns} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
+          f"site_turns={preset['site_turns']} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
     print(f"shapes={json.dumps(preset)} completion={completion_length(preset)}")
     memory = "peak GiB" if device.type == "cuda" else "RSS GiB"
