@@ -16,7 +16,7 @@ and the load average. Peak memory: each arm alone in its own subprocess (CUDA ma
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts]
-    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100   # SmolLM2-135M's shape, ~20 min on 2 cores
+    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -217,6 +217,7 @@ def main() -> int:
     parser.add_argument("--site-turns", choices=["first", "last"],
                         help="which turns hold the hint sites (default: the preset's): the first (a short teacher context) "
                         "or the last, where a failed submission's site is (decision 074; the context is nearly the rollout)")
+    parser.add_argument("--dpo-pairs", type=int, help="DPO pairs per step, the trainer's dpo_batch_size (default: the preset's)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
@@ -226,6 +227,8 @@ def main() -> int:
         preset["repetitions"] = args.repetitions
     if args.site_turns:
         preset["site_turns"] = args.site_turns
+    if args.dpo_pairs:
+        preset["dpo_pairs"] = args.dpo_pairs
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if args.peak_of:
         print(json.dumps(measure_peak(args.peak_of, preset, device, args)))
@@ -235,7 +238,7 @@ def main() -> int:
     for name in ARMS:
         command = [sys.executable, __file__, "--preset", args.preset, "--peak-of", name]
         command += ["--jsd-top-k", str(args.jsd_top_k)] if args.jsd_top_k else []
-        command += ["--site-turns", preset["site_turns"]] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
+        command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"])] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
