@@ -100,12 +100,16 @@ def takes_shared_prefixes(config: Any) -> bool:
     )
 
 
-def pack(rows: Sequence[PackedRow], pad_token_id: int, *, shared: bool) -> PackedBatch:
-    """Lay `rows` out as one batch: each packed (`shared`), or one row per continuation."""
+def _check_continuations(rows: Sequence[PackedRow]) -> None:
     for row in rows:
         for continuation in row.continuations:
             if not 0 < continuation.cut <= len(row.context) or not continuation.token_ids:
                 raise ValueError("a continuation must follow a non-empty part of its context and hold tokens")
+
+
+def pack(rows: Sequence[PackedRow], pad_token_id: int, *, shared: bool) -> PackedBatch:
+    """Lay `rows` out as one batch: each packed (`shared`), or one row per continuation."""
+    _check_continuations(rows)
     if shared:
         layouts = [(row.context[: max(c.cut for c in row.continuations)], list(row.continuations)) for row in rows]
     else:
@@ -174,12 +178,9 @@ def pack_after_cache(
     `context_starts[i]` (its left padding) on, at positions equal to their cache indices."""
     if len(context_starts) != len(rows):
         raise ValueError("one context start per row")
-    for row, start in zip(rows, context_starts, strict=True):
-        for continuation in row.continuations:
-            if not 0 < continuation.cut <= len(row.context) or not continuation.token_ids:
-                raise ValueError("a continuation must follow a non-empty part of its context and hold tokens")
-            if start + continuation.cut > cache_length:
-                raise ValueError("a continuation's cut lies beyond the cache")
+    _check_continuations(rows)
+    if any(start + c.cut > cache_length for row, start in zip(rows, context_starts) for c in row.continuations):
+        raise ValueError("a continuation's cut lies beyond the cache")
     length = max(sum(len(c.token_ids) for c in row.continuations) for row in rows)
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), length), dtype=torch.long)

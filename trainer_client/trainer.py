@@ -148,8 +148,8 @@ class _BackboneOutput:
         self._keep_cache = keep_cache
         self.hidden_states: torch.Tensor | None = None
         self.cache: Cache | None = None
-        """Per layer `(batch, kv heads, length, head dim)`; None, or shorter than the input, where the model
-        could not keep it (activation checkpointing drops the cache inside the layers)."""
+        """Keys and values of every input position, per layer `(batch, kv heads, length, head dim)`; None
+        where the forward did not keep them all (activation checkpointing drops the cache in the layers)."""
 
     def __enter__(self) -> _BackboneOutput:
         def ask_for_cache(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -159,8 +159,9 @@ class _BackboneOutput:
             if self.hidden_states is not None:
                 raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
             self.hidden_states = output.last_hidden_state
-            if self._keep_cache:
-                self.cache = output.get("cache")
+            cache = output.get("cache") if self._keep_cache else None
+            if cache is not None and cache.get_seq_length() == self.hidden_states.size(1):
+                self.cache = cache
 
         self._handles = [self._backbone.register_forward_hook(keep)]
         if self._keep_cache:
@@ -170,12 +171,6 @@ class _BackboneOutput:
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
-
-    def context_cache(self) -> Cache | None:
-        """The keys and values of every input position, or None where the forward did not keep them all."""
-        if self.cache is None or self.cache.get_seq_length() != self.hidden_states.size(1):
-            return None
-        return self.cache
 
 
 @dataclass(frozen=True)
@@ -445,7 +440,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             keep_cache = self._teacher_reads_policy_cache()
             with _BackboneOutput(self._causal_lm(model).base_model, keep_cache=keep_cache) as captured:
                 loss = super()._compute_loss(model, inputs)
-            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.context_cache())
+            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.cache)
             loss = loss + self.args.sdpo_weight * sdpo
         else:
             loss = super()._compute_loss(model, inputs)

@@ -41,7 +41,7 @@ def grpo_forward_contexts(trainer: Any, inputs: dict[str, Any]) -> tuple[PolicyC
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     with torch.no_grad(), _BackboneOutput(trainer.model.model, keep_cache=True) as captured:
         trainer.model(input_ids=ids, attention_mask=mask)
-    cache = captured.context_cache()
+    cache = captured.cache
     assert cache is not None and cache.get_seq_length() == ids.size(1)
     rows, turn_lengths, starts = [], [], []
     for row, sites in enumerate(inputs["hint_sites"]):
