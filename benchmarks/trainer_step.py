@@ -15,7 +15,7 @@ per-repetition ratios, the process CPU time per step (less sensitive to other jo
 and the load average. Peak memory: each arm alone in its own subprocess (CUDA max allocated, or the
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
-    python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts]
+    python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts] [--activation-checkpointing on]
     python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
@@ -170,6 +170,8 @@ class Arm:
                                 chat_template_kwargs=self.trainer.chat_template_kwargs, role=config.hint_role)
         self.trainer.scripted_batch = scripted_batch(p, tokenizer, template)
         self.trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
+        if config.activation_checkpointing:  # as transformers' `train()` turns it on
+            self.trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=config.activation_checkpointing_kwargs)
         self.trainer.create_optimizer()
         # As transformers' training loop prepares them (mixed-precision autocast, device placement).
         self.model, self.optimizer = self.trainer.accelerator.prepare(self.trainer.model, self.trainer.optimizer)
@@ -220,6 +222,8 @@ def main() -> int:
     parser.add_argument("--dpo-pairs", type=int, help="DPO pairs per step, the trainer's dpo_batch_size (default: the preset's)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
+    parser.add_argument("--activation-checkpointing", choices=["on", "off"],
+                        help="recompute each layer's activations in the backward (default: the preset's; the gpu preset's is on)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
     args = parser.parse_args()
     preset = dict(PRESETS[args.preset])
@@ -229,6 +233,8 @@ def main() -> int:
         preset["site_turns"] = args.site_turns
     if args.dpo_pairs:
         preset["dpo_pairs"] = args.dpo_pairs
+    if args.activation_checkpointing:
+        preset["activation_checkpointing"] = args.activation_checkpointing == "on"
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if args.peak_of:
         print(json.dumps(measure_peak(args.peak_of, preset, device, args)))
@@ -238,7 +244,9 @@ def main() -> int:
     for name in ARMS:
         command = [sys.executable, __file__, "--preset", args.preset, "--peak-of", name]
         command += ["--jsd-top-k", str(args.jsd_top_k)] if args.jsd_top_k else []
-        command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"])] + (["--teacher-runs-contexts"] if args.teacher_runs_contexts else [])
+        command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"]),
+                    "--activation-checkpointing", "on" if preset["activation_checkpointing"] else "off"]
+        command += ["--teacher-runs-contexts"] if args.teacher_runs_contexts else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
@@ -281,6 +289,8 @@ def main() -> int:
         print(line)
     print("x grpo: ratio of medians; paired x: median over repetitions of (arm step / grpo step of that repetition); "
           "cpu s: process CPU time per step (all threads)")
+    token_share = arms["grpo+sdpo+dpo"].trainer._metrics["train"]["dpo/token_share"][-1]
+    print(f"dpo/token_share={token_share:.3f}: the DPO mini-batch's tokens over GRPO's (decision 077)")
     print("targets (issue 14): all three channels <= 1.2x the GRPO step time and <= 1.1x its peak memory")
     return 0
 

@@ -83,6 +83,13 @@ class PackedBatch:
         rows, predictors, tokens, numbers = (torch.tensor(column, dtype=torch.long) for column in columns)
         return rows, predictors, tokens, numbers
 
+    def token_count(self) -> int:
+        """Tokens the model runs for this batch, padding left out (what a forward over it costs)."""
+        ends: dict[int, int] = {}
+        for placement in (placement for placements in self.placements for placement in placements):
+            ends[placement.row] = max(ends.get(placement.row, 0), placement.start + placement.length)
+        return sum(ends.values())
+
     def predictors(self, row: int, continuation: int) -> list[int]:
         """Per token of a continuation, the index (in its batch row) whose hidden state predicts it:
         the last context token before the cut for the first, the previous token for the others."""

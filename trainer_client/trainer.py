@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
-from transformers import Cache, DynamicCache, TrainerCallback
+from transformers import Cache, TrainerCallback
 from trl.models.utils import disable_gradient_checkpointing
 
 from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, ConcurrentRolloutTrainer
@@ -45,6 +45,7 @@ from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites,
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.output_head import output_logits
 from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack, pack_after_cache, takes_shared_prefixes
+from trainer_client.policy_forward import BackboneCapture, KeysValues, PolicyContexts
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
@@ -81,8 +82,8 @@ class ComposerConfig(ConcurrentRolloutConfig):
         default=True,
         metadata={
             "help": "The live teacher reads the rollouts' contexts from the keys and values of GRPO's own forward and "
-            "runs only the hints and hinted turns (decision 076). Applies without activation checkpointing (which "
-            "keeps no cache) and where packed rows apply; otherwise, or off, the teacher runs the contexts again."
+            "runs only the hints and hinted turns (decision 076), with or without activation checkpointing. Applies "
+            "where packed rows apply; otherwise, or off, the teacher runs the contexts again."
         },
     )
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
@@ -137,53 +138,6 @@ class ComposerConfig(ConcurrentRolloutConfig):
             raise ValueError(f"dpo_ref_model_mixup_alpha must lie in (0, 1], got {self.dpo_ref_model_mixup_alpha}")
         if self.dpo_ref_model_sync_steps < 1:
             raise ValueError(f"dpo_ref_model_sync_steps must be >= 1, got {self.dpo_ref_model_sync_steps}")
-
-
-class _BackboneOutput:
-    """Captures the backbone's last hidden state during one forward pass (with its autograd graph) and,
-    if asked to `keep_cache`, its keys and values (the backbone is told to return them)."""
-
-    def __init__(self, backbone: torch.nn.Module, *, keep_cache: bool) -> None:
-        self._backbone = backbone
-        self._keep_cache = keep_cache
-        self.hidden_states: torch.Tensor | None = None
-        self.cache: Cache | None = None
-        """Keys and values of every input position, per layer `(batch, kv heads, length, head dim)`; None
-        where the forward did not keep them all (activation checkpointing drops the cache in the layers)."""
-
-    def __enter__(self) -> _BackboneOutput:
-        def ask_for_cache(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-            return args, {**kwargs, "use_cache": True}
-
-        def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
-            if self.hidden_states is not None:
-                raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
-            self.hidden_states = output.last_hidden_state
-            cache = output.get("cache") if self._keep_cache else None
-            if cache is not None and cache.get_seq_length() == self.hidden_states.size(1):
-                self.cache = cache
-
-        self._handles = [self._backbone.register_forward_hook(keep)]
-        if self._keep_cache:
-            self._handles.append(self._backbone.register_forward_pre_hook(ask_for_cache, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-@dataclass(frozen=True)
-class PolicyContexts:
-    """The rollouts' contexts as the policy's GRPO forward left them in its key-value cache: the live
-    teacher reads them there instead of running them again (decision 076)."""
-
-    cache: Cache
-    """Keys and values of the micro-batch's rows (left-padded prompt, then completion), per layer."""
-    rows: list[int]
-    """Per teacher row, its row in the micro-batch."""
-    context_starts: list[int]
-    """Per teacher row, the cache index of its first token (the prompt's left padding)."""
 
 
 class _EmaTeacherUpdate(TrainerCallback):
@@ -437,17 +391,18 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         # `hint_tokens` counts the whole generation batch on every rank, so all ranks take the same branch
         # (the SDPO forwards are collectives under ZeRO-3 / FSDP); a rank without a site of its own runs a dummy.
         if self.args.sdpo_weight > 0 and "hint_sites" in inputs and int(inputs["hint_tokens"]) > 0:
-            keep_cache = self._teacher_reads_policy_cache()
-            with _BackboneOutput(self._causal_lm(model).base_model, keep_cache=keep_cache) as captured:
+            record_contexts = self._teacher_reads_policy_cache()
+            with BackboneCapture(self._causal_lm(model).base_model, record_contexts=record_contexts) as captured:
                 loss = super()._compute_loss(model, inputs)
-            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.cache)
+            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.keys_values)
             loss = loss + self.args.sdpo_weight * sdpo
         else:
             loss = super()._compute_loss(model, inputs)
             if self.args.sdpo_weight > 0:
                 self._metrics[mode]["sdpo/loss"].append(0.0)
         if self.args.dpo_weight > 0:
-            loss = loss + self.args.dpo_weight * self._dpo_loss(model)
+            policy_tokens = inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()  # what GRPO's forward ran
+            loss = loss + self.args.dpo_weight * self._dpo_loss(model, policy_tokens)
         return loss
 
     def _accumulation_share(self) -> float:
@@ -460,10 +415,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         return self.args.sdpo_reuse_policy_cache and self.args.sdpo_teacher == "live" and self._shared_prefixes
 
     def _sdpo_loss(
-        self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor, cache: Cache | None = None
+        self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor, keys_values: KeysValues | None = None
     ) -> torch.Tensor:
         """Generalized JSD summed over this micro-batch's hint-site tokens, divided by a token count of the
-        generation batch (`sdpo_normalizer`). `cache`: GRPO's keys and values of the micro-batch, if kept."""
+        generation batch (`sdpo_normalizer`). `keys_values`: GRPO's forward's, of the micro-batch, if recorded."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids = inputs["completion_ids"]
         prompt_length = prompt_ids.size(1)
@@ -489,12 +444,12 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
             rows, positions, turn_lengths = [0], [prompt_length - 1], [1]
             teacher_rows = [PackedRow(prompt, [Continuation(len(prompt), [int(completion_ids[0, 0])])])]
-            cache = None  # the dummy's one token is predicted from the context
+            keys_values = None  # the dummy's one token is predicted from the context
         device = hidden_states.device
         student_logits = output_logits(
             self._causal_lm(model), hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
         )
-        contexts = PolicyContexts(cache, cache_rows, context_starts) if cache is not None else None
+        contexts = PolicyContexts(keys_values, cache_rows, context_starts) if keys_values is not None else None
         teacher_logits = self._teacher_logits(teacher_rows, turn_lengths, contexts)
         jsd = generalized_jsd(
             student_logits,
@@ -544,12 +499,9 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         device = self.accelerator.device
         if contexts is not None:
             batch = pack_after_cache(
-                rows, self._tokenizer.pad_token_id, context_starts=contexts.context_starts,
-                cache_length=contexts.cache.get_seq_length(),
+                rows, self._tokenizer.pad_token_id, context_starts=contexts.context_starts, cache_length=contexts.length
             )
-            index = torch.tensor(contexts.rows, device=device)
-            # the teacher's own cache: its forward appends to it, and only the teacher rows' contexts are read
-            cache = DynamicCache(ddp_cache_data=[(keys[index].detach(), values[index].detach()) for keys, values, *_ in contexts.cache])
+            cache = contexts.cache_for_rows()
         else:
             batch = pack(rows, self._tokenizer.pad_token_id, shared=self._shared_prefixes)
             cache = None
@@ -617,7 +569,9 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             mix_into(self._dpo_reference, self._causal_lm(self.model), self.args.dpo_ref_model_mixup_alpha)
         self._preferences.reference_logps = None
 
-    def _dpo_loss(self, model: torch.nn.Module) -> torch.Tensor:
+    def _dpo_loss(self, model: torch.nn.Module, policy_tokens: torch.Tensor) -> torch.Tensor:
+        """The DPO mini-batch's loss; logs `dpo/token_share`, its tokens over GRPO's `policy_tokens` in this
+        micro-step, which is what the channel adds to the step's time (decision 077)."""
         preferences = self._preferences
         if preferences.reference_logps is None:
             preferences.reference_logps = self._reference_logps(preferences)
@@ -635,7 +589,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             loss,
             (out.chosen_rewards > out.rejected_rewards).float().mean(),
             (out.chosen_rewards - out.rejected_rewards).mean(),
-        ).mean(dim=0)
-        for name, value in zip(("dpo/loss", "dpo/accuracy", "dpo/margin"), ranks.tolist()):
+            batch.token_count(),
+            policy_tokens,
+        )
+        for name, value in zip(("dpo/loss", "dpo/accuracy", "dpo/margin"), ranks[:, :3].mean(dim=0).tolist()):
             self._metrics[mode][name].append(value)
+        self._metrics[mode]["dpo/token_share"].append((ranks[:, 3].sum() / ranks[:, 4].sum().clamp(min=1)).item())
         return loss / self._accumulation_share()

@@ -102,5 +102,6 @@ def test_a_packed_row_masks_each_continuation_from_the_others() -> None:
     separate = pack([row], pad_token_id=0, shared=False)
     assert separate.input_ids.tolist() == [[10, 11, 20, 21, 0], [10, 11, 12, 13, 30]]
     assert separate.predictors(0, 0) == [1, 2] and separate.predictors(0, 1) == [3]
+    assert batch.token_count() == 7 and separate.token_count() == 4 + 5  # padding left out
     with pytest.raises(ValueError):
         pack([PackedRow([10], [Continuation(0, [20])])], pad_token_id=0, shared=True)

@@ -14,7 +14,7 @@ from env_server.models import ErrorKind
 from tests.trainer.conftest import build_batch, make_config, make_trainer
 from trainer_client.hint_sites import TurnFailure, TurnReport, locate_hint_sites, teacher_row
 from trainer_client.packing import Continuation, PackedRow, pack_after_cache
-from trainer_client.trainer import PolicyContexts, _BackboneOutput
+from trainer_client.policy_forward import BackboneCapture, ContextRecorder, PolicyContexts
 
 
 def two_rollouts_of_unequal_prompts(trainer: Any, tokenizer: Any) -> dict[str, Any]:
@@ -39,10 +39,10 @@ def grpo_forward_contexts(trainer: Any, inputs: dict[str, Any]) -> tuple[PolicyC
     cache kept; and the teacher rows and turn lengths `_sdpo_loss` builds."""
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    with torch.no_grad(), _BackboneOutput(trainer.model.model, keep_cache=True) as captured:
+    with torch.no_grad(), BackboneCapture(trainer.model.model, record_contexts=True) as captured:
         trainer.model(input_ids=ids, attention_mask=mask)
-    cache = captured.cache
-    assert cache is not None and cache.get_seq_length() == ids.size(1)
+    keys_values = captured.keys_values
+    assert keys_values is not None and len(keys_values) == trainer.model.config.num_hidden_layers
     rows, turn_lengths, starts = [], [], []
     for row, sites in enumerate(inputs["hint_sites"]):
         prompt = inputs["prompt_ids"][row][inputs["prompt_mask"][row].bool()].tolist()
@@ -50,7 +50,9 @@ def grpo_forward_contexts(trainer: Any, inputs: dict[str, Any]) -> tuple[PolicyC
         turn_lengths.extend(site.end - site.start for site in sites)
         starts.append(inputs["prompt_ids"].size(1) - len(prompt))
     assert starts == [0, 5]
-    return PolicyContexts(cache, [0, 1], starts), rows, turn_lengths
+    contexts = PolicyContexts(keys_values, [0, 1], starts)
+    assert contexts.length == ids.size(1)
+    return contexts, rows, turn_lengths
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -87,8 +89,8 @@ def loss_and_grads(trainer: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor, 
 def test_sdpo_loss_and_gradients_are_the_same_with_the_cache_read_or_not(
     tmp_path, tokenizer, base_model, activation_checkpointing
 ) -> None:
-    """Through `compute_loss`: GRPO's forward keeps its cache for the teacher; under activation checkpointing
-    the layers keep none, and the teacher runs the contexts itself."""
+    """Through `compute_loss`: GRPO's forward records its keys and values for the teacher, also under activation
+    checkpointing, whose backward replays each layer's forward with the recorder."""
     losses, gradients, teacher_inputs = {}, {}, {}
     for reuse in (True, False):
         config = make_config(tmp_path, sdpo_weight=1.0, sdpo_reuse_policy_cache=reuse, activation_checkpointing=activation_checkpointing)
@@ -100,16 +102,26 @@ def test_sdpo_loss_and_gradients_are_the_same_with_the_cache_read_or_not(
         teacher_logits = trainer._teacher_logits
         trainer._teacher_logits = lambda rows, lengths, contexts=None: calls.append(contexts) or teacher_logits(rows, lengths, contexts)
         losses[reuse], gradients[reuse] = loss_and_grads(trainer, inputs)
+        assert not any(getattr(layer, "_can_checkpoint_with_cache", False) for layer in trainer.model.modules())
         assert trainer._metrics["train"]["sdpo/loss"][-1] > 0
         teacher_inputs[reuse] = calls
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=1e-6)
     assert (gradients[True] - gradients[False]).norm() < 1e-4 * gradients[False].norm()
     assert teacher_inputs[False] == [None]
-    if activation_checkpointing:
-        assert teacher_inputs[True] == [None]  # no cache to read: the contexts were run
-    else:
-        (contexts,) = teacher_inputs[True]
-        assert contexts is not None and contexts.rows == [0, 1] and contexts.context_starts == [0, 5]
+    (contexts,) = teacher_inputs[True]
+    assert contexts is not None and contexts.rows == [0, 1] and contexts.context_starts == [0, 5]
+
+
+def test_the_recorder_hands_attention_its_own_states_and_records_each_layer_once(base_model) -> None:
+    recorder = ContextRecorder(base_model.config)
+    states, replayed = torch.randn(1, 2, 3, 4, requires_grad=True), torch.randn(1, 2, 3, 4)
+    keys, values = recorder.update(states, states * 2, 0)
+    assert keys is states and values.requires_grad  # attention runs as without a cache, gradient and all
+    recorder.update(replayed, replayed, 0)  # a checkpointed layer's replay in the backward
+    records = recorder.take()
+    assert list(records) == [0] and torch.equal(records[0][0], states) and not records[0][0].requires_grad
+    recorder.update(replayed, replayed, 1)  # after `take`: nothing is held through the backward
+    assert recorder.take() == {} and recorder.get_seq_length() == 0
 
 
 def test_continuations_after_a_cache_see_their_context_from_its_start_to_their_cut() -> None:

@@ -46,6 +46,10 @@ def test_hint_sites_give_an_sdpo_loss_and_every_parameter_a_finite_gradient(tmp_
     # Before any update the policy is its own reference: every margin is 0, no pair is won (strict >),
     # and the loss of each pair is -log(sigmoid(0)) = ln 2.
     assert metrics["dpo/accuracy"][-1] == 0.0 and metrics["dpo/loss"][-1] == pytest.approx(math.log(2))
+    # The DPO forward's tokens (each pair's context once, both actions) over those of GRPO's forward.
+    pairs = trainer._collate_pairs(trainer._preferences, [0, 1])  # the three pairs are of one length
+    policy_tokens = (inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()).item()
+    assert metrics["dpo/token_share"][-1] == pytest.approx(pairs.token_count() / policy_tokens)
     for name, param in trainer.model.named_parameters():
         assert name in grads, f"{name} got no gradient"
         assert torch.isfinite(grads[name]).all(), name
@@ -115,7 +119,7 @@ def test_dpo_reference_log_probs_are_computed_at_the_first_dpo_loss_and_kept(tmp
     """Not in `__init__`: a model sharded by `accelerator.prepare` (ZeRO-3, FSDP) can only run after it."""
     trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, dpo_weight=1.0, dpo_batch_size=3), preference_pairs=preference_pairs())
     assert trainer._preferences.reference_logps is None
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     # at the reference weights the implicit rewards are zero: margin 0
     assert trainer._metrics["train"]["dpo/margin"][-1] == pytest.approx(0.0, abs=1e-5)
     reference = trainer._preferences.reference_logps.clone()
@@ -123,6 +127,6 @@ def test_dpo_reference_log_probs_are_computed_at_the_first_dpo_loss_and_kept(tmp
     with torch.no_grad():
         for param in trainer.model.parameters():
             param.add_(0.01)
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     assert torch.equal(trainer._preferences.reference_logps, reference)
     assert trainer._metrics["train"]["dpo/margin"][-1] != pytest.approx(0.0, abs=1e-5)

@@ -60,7 +60,7 @@ def test_soft_sync_mixes_the_reference_every_tau_steps_and_refreshes_its_log_pro
     trainer = make_trainer(base_model, tokenizer, config, preference_pairs=preference_pairs())
     reference = trainer._dpo_reference
     assert reference is not None and not any(p.requires_grad for p in reference.parameters())
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     initial_logps = trainer._preferences.reference_logps.clone()
     initial = [p.detach().clone() for p in reference.parameters()]
 
@@ -74,7 +74,7 @@ def test_soft_sync_mixes_the_reference_every_tau_steps_and_refreshes_its_log_pro
     for new, old, policy in zip(reference.parameters(), initial, trainer.model.parameters()):
         torch.testing.assert_close(new, 0.5 * policy.detach() + 0.5 * old)
     assert trainer._preferences.reference_logps is None  # dropped, recomputed at the next DPO loss
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     mixed = copy.deepcopy(base_model)
     with torch.no_grad():
         for param, value in zip(mixed.parameters(), reference.parameters()):
@@ -90,13 +90,13 @@ def test_hard_sync_makes_the_policy_the_reference_without_a_copy(tmp_path, token
     )
     trainer = make_trainer(base_model, tokenizer, config, preference_pairs=preference_pairs())
     assert trainer._dpo_reference is None
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     torch.manual_seed(1)
     _shift_policy(trainer)
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     assert trainer._metrics["train"]["dpo/margin"][-1] != pytest.approx(0.0, abs=1e-5)  # policy moved off the reference
     _step_end(trainer, 1)
-    trainer._dpo_loss(trainer.model)
+    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
     assert trainer._metrics["train"]["dpo/margin"][-1] == pytest.approx(0.0, abs=1e-5)  # the reference is the policy now
     assert trainer._metrics["train"]["dpo/loss"][-1] == pytest.approx(torch.log(torch.tensor(2.0)).item(), abs=1e-5)
 
