@@ -85,9 +85,10 @@ class PackedBatch:
 
     def token_count(self) -> int:
         """Tokens the model runs for this batch, padding left out (what a forward over it costs)."""
-        ends: dict[int, int] = {}
-        for placement in (placement for placements in self.placements for placement in placements):
-            ends[placement.row] = max(ends.get(placement.row, 0), placement.start + placement.length)
+        ends: dict[int, int] = {}  # per batch row, where its last continuation ends
+        for placements in self.placements:
+            for placement in placements:
+                ends[placement.row] = max(ends.get(placement.row, 0), placement.start + placement.length)
         return sum(ends.values())
 
     def predictors(self, row: int, continuation: int) -> list[int]:

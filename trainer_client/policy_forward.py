@@ -51,6 +51,7 @@ class BackboneCapture:
     def __init__(self, backbone: torch.nn.Module, *, record_contexts: bool) -> None:
         self._backbone = backbone
         self._record_contexts = record_contexts
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._opened: list[GradientCheckpointingLayer] = []
         self.hidden_states: torch.Tensor | None = None
         self.keys_values: KeysValues | None = None
@@ -69,11 +70,10 @@ class BackboneCapture:
                 raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
             self.hidden_states = output.last_hidden_state
             if recorder is not None:
-                records = recorder.take()
-                complete = all(i in records and records[i][0].size(-2) == self.hidden_states.size(1) for i in range(layers))
-                self.keys_values = [records[i] for i in range(layers)] if complete else None
+                records = recorder.take()  # a layer that recorded did so over the whole input
+                self.keys_values = [records[i] for i in range(layers)] if len(records) == layers else None
 
-        self._handles = [self._backbone.register_forward_hook(keep)]
+        self._handles.append(self._backbone.register_forward_hook(keep))
         if recorder is not None:
             self._handles.append(self._backbone.register_forward_pre_hook(hand_recorder, with_kwargs=True))
             # Under activation checkpointing a layer drops the cache it is given unless it declares that its
