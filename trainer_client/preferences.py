@@ -1,7 +1,10 @@
 """The DPO channel's data: preference pairs, tokenized once, served as cycling mini-batches.
 
 A pair becomes two sequences sharing a context: `context + chosen` and `context + rejected`
-(batched as two rows, or as one row that runs the context once: `collate(shared_prefix=True)`),
+(batched as two rows, or as one row that runs the context once: `collate(shared_prefix=True)`).
+Pairs taken at consecutive states of one trace have contexts that extend one another; by default a
+mini-batch is drawn from such a chain and its pairs share one row, the longest context run once
+(decision 117). The pairs are
 rendered by the policy's chat template with the rollouts' `chat_template_kwargs` and tools (the
 pair's own, or else the training environment's). A context too long for `max_length` loses its
 oldest exchanges, never its system prompt, its tools or the task's first message. Only the
@@ -89,6 +92,27 @@ def _without_oldest_exchange(messages: list[dict[str, Any]]) -> list[dict[str, A
     return [*messages[:head], *messages[end:]]
 
 
+def _extends(context: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(prefix) <= len(context) and context[: len(prefix)] == prefix
+
+
+def context_chains(contexts: Sequence[tuple[int, ...]]) -> list[list[int]]:
+    """Positions of `contexts` in chains, each context extending the one before it in its chain
+    (consecutive states of one trace), shortest first; every position in exactly one chain.
+
+    Sorted as tuples, a context comes right before the contexts that extend it (anything sorted between
+    a prefix and its extension extends the prefix too), so one pass over the sorted order finds them.
+    Where a trace branches (two runs of one task), each branch after the first starts a chain of its own.
+    """
+    chains: list[list[int]] = []
+    for position in sorted(range(len(contexts)), key=contexts.__getitem__):
+        if chains and _extends(contexts[position], contexts[chains[-1][-1]]):
+            chains[-1].append(position)
+        else:
+            chains.append([position])
+    return chains
+
+
 @dataclass(frozen=True)
 class TokenizedPair:
     """One pair as token ids; chosen and rejected are the assistant message, end-of-turn token included."""
@@ -112,6 +136,7 @@ class PreferenceBatches:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Any] | None = None,
+        group_by_context: bool = True,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -127,6 +152,11 @@ class PreferenceBatches:
         self._max_length = max_length
         self.batch_size = min(batch_size, len(self.pair_ids))
         self.pairs = [self._tokenize(pairs[index]) for index in self.pair_ids]
+        self._chains = (
+            context_chains([pair.context_ids for pair in self.pairs])
+            if group_by_context
+            else [[position] for position in range(len(self.pairs))]
+        )
         self.reference_logps: torch.Tensor | None = None
         """`(shard pairs, 2)` reference log-probs of (chosen, rejected); None until the trainer computes
         them, and again whenever the reference changes (trust-region DPO)."""
@@ -180,22 +210,36 @@ class PreferenceBatches:
             context = list(self._render(messages, tools, add_generation_prompt=True))
         return TokenizedPair(tuple(context), tuple(chosen), tuple(rejected))
 
+    def grouped_indices(self) -> list[int]:
+        """Every pair of the shard once, the pairs of a context chain next to one another."""
+        return [index for chain in self._chains for index in chain]
+
     def next_indices(self) -> list[int]:
-        """The next mini-batch of pair indices; reshuffles after each pass."""
+        """The next mini-batch of pair indices. Each pass serves every pair once: the context chains in
+        a fresh random order, each chain's pairs in a row (with `group_by_context` off, every pair is a
+        chain of its own: a plain shuffle)."""
         indices = []
         while len(indices) < self.batch_size:
             try:
                 indices.append(next(self._order))
             except StopIteration:
-                self._order = iter(torch.randperm(len(self.pairs), generator=self._generator).tolist())
+                order = torch.randperm(len(self._chains), generator=self._generator).tolist()
+                self._order = iter([index for chain in order for index in self._chains[chain]])
         return indices
 
     def collate(self, indices: Sequence[int], pad_token_id: int, *, shared_prefix: bool = False) -> PackedBatch:
-        """The pairs of `indices` as one batch: per pair, its context continued by the chosen action,
-        then by the rejected one (one row each, or with `shared_prefix` one row for both)."""
-        rows = []
+        """The pairs of `indices` as one batch, continuations in the order of `indices`: per pair, its
+        context continued by the chosen action, then by the rejected one. With `shared_prefix` a pair
+        shares a row with the pairs before it while their contexts extend one another: the longest
+        context runs once, each action follows its own pair's context. Otherwise one row per sequence."""
+        rows: list[PackedRow] = []
         for index in indices:
             pair = self.pairs[index]
             cut = len(pair.context_ids)
-            rows.append(PackedRow(pair.context_ids, (Continuation(cut, pair.chosen_ids), Continuation(cut, pair.rejected_ids))))
+            actions = (Continuation(cut, pair.chosen_ids), Continuation(cut, pair.rejected_ids))
+            if rows and (_extends(rows[-1].context, pair.context_ids) or _extends(pair.context_ids, rows[-1].context)):
+                longest = max(rows[-1].context, pair.context_ids, key=len)
+                rows[-1] = PackedRow(longest, (*rows[-1].continuations, *actions))
+            else:
+                rows.append(PackedRow(pair.context_ids, actions))
         return pack(rows, pad_token_id, shared=shared_prefix)

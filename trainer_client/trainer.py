@@ -100,6 +100,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
     dpo_pairs_path: str | None = field(default=None, metadata={"help": "Preference pairs JSONL (PreferencePair)."})
     dpo_batch_size: int = field(default=2, metadata={"help": "Pairs per DPO mini-batch (one per micro-step)."})
     dpo_max_length: int = field(default=2048, metadata={"help": "Longest pair sequence; a longer context loses its oldest exchanges, never the system prompt, tools or task."})
+    dpo_group_by_context: bool = field(
+        default=True,
+        metadata={
+            "help": "Draw each DPO mini-batch from pairs whose contexts extend one another (consecutive states of one "
+            "trace) and run their shared context once (decision 117); every pair still comes once per pass. Off: a "
+            "plain shuffle, a row per pair."
+        },
+    )
     dpo_sync_ref_model: bool = field(
         default=False,
         metadata={
@@ -237,6 +245,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 self._tokenizer,
                 batch_size=config.dpo_batch_size,
                 max_length=config.dpo_max_length,
+                group_by_context=config.dpo_group_by_context,
                 chat_template=self.chat_template,
                 chat_template_kwargs=self.chat_template_kwargs,
                 # pairs without their own tools get the rollouts' (one environment class: its tools)
@@ -548,18 +557,18 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         adapter_off = (
             self.accelerator.unwrap_model(self.model).disable_adapter() if not own_copy and is_peft_model(self.model) else None
         )
-        chunks = []
+        logps = torch.empty(len(preferences.pairs), 2)
+        order = preferences.grouped_indices()  # a chain's pairs together: their shared context runs once
         was_training = causal_lm.training
         causal_lm.eval()  # no dropout in a reference
         try:
             with adapter_off or contextlib.nullcontext(), disable_gradient_checkpointing(causal_lm, None):
-                for start in range(0, len(preferences.pairs), preferences.batch_size):
-                    indices = list(range(start, min(start + preferences.batch_size, len(preferences.pairs))))
-                    logps = self._sequence_logps(causal_lm, self._collate_pairs(preferences, indices))
-                    chunks.append(logps.view(-1, 2).cpu())
+                for start in range(0, len(order), preferences.batch_size):
+                    indices = order[start : start + preferences.batch_size]
+                    logps[indices] = self._sequence_logps(causal_lm, self._collate_pairs(preferences, indices)).view(-1, 2).cpu()
         finally:
             causal_lm.train(was_training)
-        return torch.cat(chunks)
+        return logps
 
     @torch.no_grad()
     def _sync_dpo_reference(self) -> None:
