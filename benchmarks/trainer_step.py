@@ -16,7 +16,7 @@ and the load average. Peak memory: each arm alone in its own subprocess (CUDA ma
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts] [--activation-checkpointing on]
-    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1]   # SmolLM2-135M's shape, ~20 min on 2 cores
+    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -129,18 +129,29 @@ def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) ->
     }
 
 
-def preference_pairs(p: dict[str, Any]) -> list[PreferencePair]:
-    """Pairs of about `dpo_length` tokens each (a long task message, then a tool call)."""
+def preference_pairs(p: dict[str, Any], contexts: str) -> list[PreferencePair]:
+    """Two mini-batches of `dpo_pairs` pairs: pair k of a mini-batch at a history of a long task message
+    (about `dpo_length` tokens) and k exchanges (a call and `tool_tokens` of output), answered by a tool call.
+    `contexts` "traces": every pair from a trace of its own (no context extends another); "states": a
+    mini-batch's pairs at consecutive states of one trace (each context extends the one before, decision 117)."""
     def call(command: str) -> dict[str, Any]:
         return {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
 
-    task = " ".join(["check"] * (p["dpo_length"] - 48))
-    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
-    return [
-        PreferencePair(state_id=f"s{i}", messages=messages, chosen=call("python3 -m pytest -q tests"), rejected=call(f"pytset -q {i}"))
-        for i in range(2 * p["dpo_pairs"])
-    ]
+    def history(trace: int, exchanges: int) -> list[dict[str, Any]]:
+        task = f"Task {trace}: " + " ".join(["check"] * (p["dpo_length"] - 48))
+        messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
+        for exchange in range(exchanges):
+            messages += [call(f"cat part{exchange}.py"), {"role": "tool", "content": " ".join(["line"] * p["tool_tokens"])}]
+        return messages
+
+    pairs = []
+    for batch in range(2):
+        for state in range(p["dpo_pairs"]):
+            trace = batch if contexts == "states" else batch * p["dpo_pairs"] + state
+            pairs.append(PreferencePair(state_id=f"t{trace}/s{state}", messages=history(trace, state),
+                                        chosen=call("python3 -m pytest -q tests"), rejected=call(f"pytset -q {state}")))
+    return pairs
 
 
 class Arm:
@@ -155,7 +166,8 @@ class Arm:
             fp16=False, activation_checkpointing=p["activation_checkpointing"], per_device_train_batch_size=p["batch"],
             num_generations=2, max_completion_length=completion_length(p), report_to=[], save_strategy="no",
             learning_rate=1e-6, seed=0, sdpo_weight=sdpo_weight, dpo_weight=dpo_weight,
-            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + 64, jsd_top_k=args.jsd_top_k,
+            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + p["dpo_pairs"] * (p["tool_tokens"] + 64) + 64,
+            jsd_top_k=args.jsd_top_k,
             sdpo_reuse_policy_cache=not args.teacher_runs_contexts,
         )
         self.trainer = ScriptedBatchTrainer(
@@ -164,7 +176,7 @@ class Arm:
             args=config,
             train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Fix the bug."}]}] * p["batch"]),
             processing_class=tokenizer,
-            preference_pairs=preference_pairs(p) if dpo_weight > 0 else None,
+            preference_pairs=preference_pairs(p, args.dpo_contexts) if dpo_weight > 0 else None,
         )
         template = HintTemplate(tokenizer, chat_template=self.trainer.chat_template,
                                 chat_template_kwargs=self.trainer.chat_template_kwargs, role=config.hint_role)
@@ -220,6 +232,9 @@ def main() -> int:
                         help="which turns hold the hint sites (default: the preset's): the first (a short teacher context) "
                         "or the last, where a failed submission's site is (decision 074; the context is nearly the rollout)")
     parser.add_argument("--dpo-pairs", type=int, help="DPO pairs per step, the trainer's dpo_batch_size (default: the preset's)")
+    parser.add_argument("--dpo-contexts", choices=["traces", "states"], default="traces",
+                        help="each DPO pair from a trace of its own (default), or a mini-batch's pairs at consecutive "
+                        "states of one trace, whose shared context runs once (decision 117)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--activation-checkpointing", choices=["on", "off"],
@@ -247,6 +262,7 @@ def main() -> int:
         command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"]),
                     "--activation-checkpointing", "on" if preset["activation_checkpointing"] else "off"]
         command += ["--teacher-runs-contexts"] if args.teacher_runs_contexts else []
+        command += ["--dpo-contexts", args.dpo_contexts]
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
@@ -271,6 +287,7 @@ def main() -> int:
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
           f"site_turns={preset['site_turns']} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
+          f"dpo_contexts={args.dpo_contexts} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
     print(f"shapes={json.dumps(preset)} completion={completion_length(preset)}")
     memory = "peak GiB" if device.type == "cuda" else "RSS GiB"
@@ -289,8 +306,8 @@ def main() -> int:
         print(line)
     print("x grpo: ratio of medians; paired x: median over repetitions of (arm step / grpo step of that repetition); "
           "cpu s: process CPU time per step (all threads)")
-    token_share = arms["grpo+sdpo+dpo"].trainer._metrics["train"]["dpo/token_share"][-1]
-    print(f"dpo/token_share={token_share:.3f}: the DPO mini-batch's tokens over GRPO's (decision 077)")
+    token_share = statistics.median(arms["grpo+sdpo+dpo"].trainer._metrics["train"]["dpo/token_share"])
+    print(f"dpo/token_share={token_share:.3f} (median over the steps): the DPO mini-batch's tokens over GRPO's (decision 077)")
     print("targets (issue 14): all three channels <= 1.2x the GRPO step time and <= 1.1x its peak memory")
     return 0
 
