@@ -133,7 +133,7 @@ def preference_pairs(p: dict[str, Any], contexts: str) -> list[PreferencePair]:
     """Two mini-batches of `dpo_pairs` pairs: pair k of a mini-batch at a history of a long task message
     (about `dpo_length` tokens) and k exchanges (a call and `tool_tokens` of output), answered by a tool call.
     `contexts` "traces": every pair from a trace of its own (no context extends another); "states": a
-    mini-batch's pairs at consecutive states of one trace (each context extends the one before, decision 117)."""
+    mini-batch's pairs at consecutive states of one trace (each context extends the one before, decision 078)."""
     def call(command: str) -> dict[str, Any]:
         return {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
@@ -234,7 +234,7 @@ def main() -> int:
     parser.add_argument("--dpo-pairs", type=int, help="DPO pairs per step, the trainer's dpo_batch_size (default: the preset's)")
     parser.add_argument("--dpo-contexts", choices=["traces", "states"], default="traces",
                         help="each DPO pair from a trace of its own (default), or a mini-batch's pairs at consecutive "
-                        "states of one trace, whose shared context runs once (decision 117)")
+                        "states of one trace, whose shared context runs once (decision 078)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--activation-checkpointing", choices=["on", "off"],

@@ -104,7 +104,7 @@ class ComposerConfig(ConcurrentRolloutConfig):
         default=True,
         metadata={
             "help": "Draw each DPO mini-batch from pairs whose contexts extend one another (consecutive states of one "
-            "trace) and run their shared context once (decision 117); every pair still comes once per pass. Off: a "
+            "trace) and run their shared context once (decision 078); every pair still comes once per pass. Off: a "
             "plain shuffle, a row per pair."
         },
     )

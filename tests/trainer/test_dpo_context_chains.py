@@ -1,4 +1,4 @@
-"""DPO pairs taken at consecutive states of one trace (decision 117): each state's context extends the
+"""DPO pairs taken at consecutive states of one trace (decision 078): each state's context extends the
 one before, so the sampler draws a mini-batch from such a chain and one row runs the longest context
 once, every action still scored exactly as it would be alone."""
 

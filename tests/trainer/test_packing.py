@@ -37,7 +37,7 @@ def test_a_shared_prefix_scores_each_action_as_if_alone(tmp_path, tokenizer, bas
     def logps_and_gradients(shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
         causal_lm.zero_grad()
         batch = preferences.collate(indices, tokenizer.pad_token_id, shared_prefix=shared)
-        # packed: the three pairs of one context share a row (decision 117), the longer context has its own
+        # packed: the three pairs of one context share a row (decision 078), the longer context has its own
         assert batch.input_ids.size(0) == (2 if shared else 2 * len(pairs))
         logps = trainer._sequence_logps(causal_lm, batch)
         (logps * torch.arange(1.0, logps.numel() + 1)).sum().backward()  # unequal weights: a leak shows in the gradients
