@@ -152,11 +152,13 @@ class PreferenceBatches:
         self._max_length = max_length
         self.batch_size = min(batch_size, len(self.pair_ids))
         self.pairs = [self._tokenize(pairs[index]) for index in self.pair_ids]
-        self._chains = (
+        self.chains = (
             context_chains([pair.context_ids for pair in self.pairs])
             if group_by_context
             else [[position] for position in range(len(self.pairs))]
         )
+        """Positions of the shard's pairs in the chains a pass serves whole (`context_chains`); with
+        `group_by_context` off, one chain per pair."""
         self.reference_logps: torch.Tensor | None = None
         """`(shard pairs, 2)` reference log-probs of (chosen, rejected); None until the trainer computes
         them, and again whenever the reference changes (trust-region DPO)."""
@@ -212,7 +214,7 @@ class PreferenceBatches:
 
     def grouped_indices(self) -> list[int]:
         """Every pair of the shard once, the pairs of a context chain next to one another."""
-        return [index for chain in self._chains for index in chain]
+        return [index for chain in self.chains for index in chain]
 
     def next_indices(self) -> list[int]:
         """The next mini-batch of pair indices. Each pass serves every pair once: the context chains in
@@ -223,8 +225,8 @@ class PreferenceBatches:
             try:
                 indices.append(next(self._order))
             except StopIteration:
-                order = torch.randperm(len(self._chains), generator=self._generator).tolist()
-                self._order = iter([index for chain in order for index in self._chains[chain]])
+                order = torch.randperm(len(self.chains), generator=self._generator).tolist()
+                self._order = iter([index for chain in order for index in self.chains[chain]])
         return indices
 
     def collate(self, indices: Sequence[int], pad_token_id: int, *, shared_prefix: bool = False) -> PackedBatch:
