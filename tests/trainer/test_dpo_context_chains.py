@@ -102,3 +102,10 @@ def test_pairs_whose_contexts_do_not_extend_one_another_keep_rows_of_their_own(t
     preferences = PreferenceBatches(pairs, tokenizer, batch_size=3, max_length=4096)
     batch = preferences.collate([0, 1, 2], tokenizer.pad_token_id, shared_prefix=True)
     assert batch.input_ids.size(0) == 3
+
+
+def test_the_config_switches_the_sampler(tmp_path, tokenizer, base_model) -> None:
+    pairs = trace_pairs(traces=2, states=2)
+    for grouped, chains in ((True, 2), (False, 4)):
+        config = make_config(tmp_path, dpo_weight=1.0, dpo_group_by_context=grouped)
+        assert len(make_trainer(base_model, tokenizer, config, preference_pairs=pairs)._preferences.chains) == chains
