@@ -4,11 +4,10 @@ A pair becomes two sequences sharing a context: `context + chosen` and `context 
 (batched as two rows, or as one row that runs the context once: `collate(shared_prefix=True)`).
 Pairs taken at consecutive states of one trace have contexts that extend one another; by default a
 mini-batch is drawn from such a chain and its pairs share one row, the longest context run once
-(decision 078). The pairs are
-rendered by the policy's chat template with the rollouts' `chat_template_kwargs` and tools (the
-pair's own, or else the training environment's). A context too long for `max_length` loses its
-oldest exchanges, never its system prompt, its tools or the task's first message. Only the
-assistant message's tokens are scored. Under several processes each rank holds its own shard of
+(decision 078). Pairs are rendered by the policy's chat template with the rollouts'
+`chat_template_kwargs` and tools (the pair's own, or else the training environment's). A context
+too long for `max_length` loses its oldest exchanges, never its system prompt, its tools or the
+task's first message. Only the assistant message's tokens are scored. Under several processes each rank holds its own shard of
 the pairs (`rank_shard`). The reference model's log-probs of both are computed by the trainer at
 the first DPO loss and whenever the reference changes (`reference_logps`), and kept with the pairs.
 """
