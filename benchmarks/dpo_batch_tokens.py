@@ -40,17 +40,20 @@ def main() -> int:
     pairs = load_preference_pairs(args.pairs)
     # the schemas TRL renders a rollout's prompt with (the environment's tool methods); nothing is called
     tools = tool_schemas(environment_class(list(TOOL_SCHEMAS.values()))(ClientSettings(base_url="http://127.0.0.1:9")))
-    tokens: dict[bool, list[int]] = {}
-    for grouped in (False, True):
-        preferences = PreferenceBatches(
+    samplers = {
+        grouped: PreferenceBatches(
             pairs, tokenizer, batch_size=args.batch_size, max_length=args.max_length, tools=tools, group_by_context=grouped
         )
-        chains = preferences.chains
-        batches = args.passes * -(-len(preferences.pairs) // preferences.batch_size)
-        tokens[grouped] = [
+        for grouped in (False, True)
+    }
+    tokens = {
+        grouped: [
             preferences.collate(preferences.next_indices(), tokenizer.pad_token_id, shared_prefix=True).token_count()
-            for _ in range(batches)
+            for _ in range(args.passes * -(-len(preferences.pairs) // preferences.batch_size))
         ]
+        for grouped, preferences in samplers.items()
+    }
+    chains = samplers[True].chains
     print(f"{len(pairs)} pairs in {len(chains)} context chains (lengths {sorted(map(len, chains), reverse=True)}); "
           f"dpo_batch_size={args.batch_size} dpo_max_length={args.max_length}")
     print(f"{'sampler':<22}{'median tokens':>14}{'mean tokens':>12}")
