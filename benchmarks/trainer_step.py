@@ -16,7 +16,7 @@ and the load average. Peak memory: each arm alone in its own subprocess (CUDA ma
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts] [--activation-checkpointing on]
-    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states]   # SmolLM2-135M's shape, ~20 min on 2 cores
+    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states] [--service-tools]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from samples import percentile  # noqa: E402
+from trainer_client.demos import service_tool_schemas  # noqa: E402
 from trainer_client.hint_sites import HintSite, HintTemplate  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402
 from trainer_client.records import PreferencePair  # noqa: E402
@@ -87,10 +88,17 @@ class ScriptedBatchTrainer(ComposerTrainer):
         return dict(self.scripted_batch)  # TRL shuffles and splits a copy; the tensors are not changed in place
 
 
-def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) -> dict[str, Any]:
+def task_messages(p: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """A system prompt and a long task message (about `dpo_length` tokens)."""
+    task = f"Task {label}: " + " ".join(["check"] * (p["dpo_length"] - 48))
+    return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
+
+
+def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Rollouts as TRL lays them out: prompt ending in the assistant header; turns of policy tokens ending in
     `<|im_end|>`, each but the last followed by tool output (masked out) ending in the next assistant header;
-    a hint site on each of the first (`site_turns` "first") or last ("last") `sites_per_sample` turns."""
+    a hint site on each of the first (`site_turns` "first") or last ("last") `sites_per_sample` turns.
+    The prompt is `prompt` random tokens, or with `tools` the task message rendered with them."""
     hinted_turns = range(p["sites_per_sample"]) if p["site_turns"] == "first" else range(p["turns"] - p["sites_per_sample"], p["turns"])
     g = torch.Generator().manual_seed(1)
     header = list(template.header_ids)
@@ -98,8 +106,9 @@ def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) ->
     filler = lambda n: torch.randint(1000, len(tokenizer) - 1000, (n,), generator=g).tolist()  # noqa: E731
     hint_ids = template.message_ids(("`pytset` is not a command; did you mean `pytest`?",))
     prompts, completions, tool_masks, sites = [], [], [], []
+    rendered = tokenizer.apply_chat_template(task_messages(p, "0"), tools=tools, add_generation_prompt=True, return_dict=False) if tools else None
     for _ in range(p["batch"]):
-        prompts.append(filler(p["prompt"] - len(header)) + header)
+        prompts.append(list(rendered) if rendered else filler(p["prompt"] - len(header)) + header)
         completion, tool_mask, rollout_sites = [], [], []
         for turn in range(p["turns"]):
             start = len(completion)
@@ -118,7 +127,7 @@ def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) ->
     tool_mask = torch.tensor(tool_masks)
     return {
         "prompt_ids": torch.tensor(prompts),
-        "prompt_mask": torch.ones(p["batch"], p["prompt"], dtype=torch.long),
+        "prompt_mask": torch.ones(p["batch"], len(prompts[0]), dtype=torch.long),
         "completion_ids": torch.tensor(completions),
         "completion_mask": completion_mask,
         "tool_mask": tool_mask,
@@ -129,9 +138,9 @@ def scripted_batch(p: dict[str, Any], tokenizer: Any, template: HintTemplate) ->
     }
 
 
-def preference_pairs(p: dict[str, Any], contexts: str) -> list[PreferencePair]:
-    """Two mini-batches of `dpo_pairs` pairs: pair k of a mini-batch at a history of a long task message
-    (about `dpo_length` tokens) and k exchanges (a call and `tool_tokens` of output), answered by a tool call.
+def preference_pairs(p: dict[str, Any], contexts: str, tools: list[dict[str, Any]] | None) -> list[PreferencePair]:
+    """Two mini-batches of `dpo_pairs` pairs: pair k of a mini-batch at a history of a task message and
+    k exchanges (a call and `tool_tokens` of output), answered by a tool call; rendered with `tools`.
     `contexts` "traces": every pair from a trace of its own (no context extends another); "states": a
     mini-batch's pairs at consecutive states of one trace (each context extends the one before, decision 078)."""
     def call(command: str) -> dict[str, Any]:
@@ -139,8 +148,7 @@ def preference_pairs(p: dict[str, Any], contexts: str) -> list[PreferencePair]:
             {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
 
     def history(trace: int, exchanges: int) -> list[dict[str, Any]]:
-        task = f"Task {trace}: " + " ".join(["check"] * (p["dpo_length"] - 48))
-        messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
+        messages = task_messages(p, str(trace))
         for exchange in range(exchanges):
             messages += [call(f"cat part{exchange}.py"), {"role": "tool", "content": " ".join(["line"] * p["tool_tokens"])}]
         return messages
@@ -149,7 +157,7 @@ def preference_pairs(p: dict[str, Any], contexts: str) -> list[PreferencePair]:
     for batch in range(2):
         for state in range(p["dpo_pairs"]):
             trace = batch if contexts == "states" else batch * p["dpo_pairs"] + state
-            pairs.append(PreferencePair(state_id=f"t{trace}/s{state}", messages=history(trace, state),
+            pairs.append(PreferencePair(state_id=f"t{trace}/s{state}", messages=history(trace, state), tools=tools,
                                         chosen=call("python3 -m pytest -q tests"), rejected=call(f"pytset -q {state}")))
     return pairs
 
@@ -161,12 +169,14 @@ class Arm:
         self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device, args: argparse.Namespace
     ) -> None:
         sdpo_weight, dpo_weight = ARMS[name]
+        tools = service_tool_schemas() if args.service_tools else None
+        head = len(tokenizer.apply_chat_template([{"role": "system", "content": ""}], tools=tools, return_dict=False)) if tools else 0
         config = ComposerConfig(
             output_dir=f"/tmp/trainer_step/{name}", use_cpu=device.type == "cpu", bf16=p["dtype"] == "bfloat16",
             fp16=False, activation_checkpointing=p["activation_checkpointing"], per_device_train_batch_size=p["batch"],
             num_generations=2, max_completion_length=completion_length(p), report_to=[], save_strategy="no",
             learning_rate=1e-6, seed=0, sdpo_weight=sdpo_weight, dpo_weight=dpo_weight,
-            dpo_batch_size=p["dpo_pairs"], dpo_max_length=p["dpo_length"] + p["dpo_pairs"] * (p["tool_tokens"] + 64) + 64,
+            dpo_batch_size=p["dpo_pairs"], dpo_max_length=head + p["dpo_length"] + p["dpo_pairs"] * (p["tool_tokens"] + 64) + 64,
             jsd_top_k=args.jsd_top_k,
             sdpo_reuse_policy_cache=not args.teacher_runs_contexts,
         )
@@ -176,11 +186,11 @@ class Arm:
             args=config,
             train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Fix the bug."}]}] * p["batch"]),
             processing_class=tokenizer,
-            preference_pairs=preference_pairs(p, args.dpo_contexts) if dpo_weight > 0 else None,
+            preference_pairs=preference_pairs(p, args.dpo_contexts, tools) if dpo_weight > 0 else None,
         )
         template = HintTemplate(tokenizer, chat_template=self.trainer.chat_template,
                                 chat_template_kwargs=self.trainer.chat_template_kwargs, role=config.hint_role)
-        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template)
+        self.trainer.scripted_batch = scripted_batch(p, tokenizer, template, tools)
         self.trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
         if config.activation_checkpointing:  # as transformers' `train()` turns it on
             self.trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=config.activation_checkpointing_kwargs)
@@ -235,6 +245,9 @@ def main() -> int:
     parser.add_argument("--dpo-contexts", choices=["traces", "states"], default="traces",
                         help="each DPO pair from a trace of its own (default), or a mini-batch's pairs at consecutive "
                         "states of one trace, whose shared context runs once (decision 078)")
+    parser.add_argument("--service-tools", action="store_true",
+                        help="every rollout's prompt and every pair's context renders the service's tool schemas and a "
+                        "task message, as real ones do (about 1,000 tokens they all share; decision 079)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
     parser.add_argument("--activation-checkpointing", choices=["on", "off"],
@@ -262,7 +275,7 @@ def main() -> int:
         command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"]),
                     "--activation-checkpointing", "on" if preset["activation_checkpointing"] else "off"]
         command += ["--teacher-runs-contexts"] if args.teacher_runs_contexts else []
-        command += ["--dpo-contexts", args.dpo_contexts]
+        command += ["--dpo-contexts", args.dpo_contexts] + (["--service-tools"] if args.service_tools else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
@@ -287,9 +300,10 @@ def main() -> int:
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
           f"site_turns={preset['site_turns']} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
-          f"dpo_contexts={args.dpo_contexts} "
+          f"dpo_contexts={args.dpo_contexts} service_tools={args.service_tools} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
-    print(f"shapes={json.dumps(preset)} completion={completion_length(preset)}")
+    prompt = arms["grpo"].trainer.scripted_batch["prompt_ids"].size(1)
+    print(f"shapes={json.dumps(preset)} prompt={prompt} completion={completion_length(preset)}")
     memory = "peak GiB" if device.type == "cuda" else "RSS GiB"
     print(f"{'arm':<15}{'median s':>9}{'p99 s':>8}{'x grpo':>7}{'paired x':>9}{'cpu s':>7}{'x grpo':>7}"
           f"{memory:>9}{'x grpo':>7}" + ("" if device.type == "cuda" else f"{'growth GiB':>11}{'x grpo':>7}"))

@@ -27,7 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from env_server.models import TaskSpec
-from trainer_client.environment import TrlEnvironment
+from trainer_client.client import ClientSettings
+from trainer_client.environment import TrlEnvironment, environment_class
 from trainer_client.records import PreferencePair
 from trainer_client.task_rows import prompt_after_reset, task_row
 from trainer_client.trl_rollout import dispatch, environment_methods, tool_message
@@ -134,6 +135,14 @@ def tool_schemas(environment: TrlEnvironment) -> list[dict[str, Any]]:
     from transformers.utils import get_json_schema
 
     return [get_json_schema(method) for method in environment_methods(environment)]
+
+
+def service_tool_schemas() -> list[dict[str, Any]]:
+    """The schemas a rollout's prompt carries for the service's whole tool set, with no service: the
+    environment is built from the service's own tool list and never called."""
+    from env_server.environment import TOOL_SCHEMAS
+
+    return tool_schemas(environment_class(list(TOOL_SCHEMAS.values()))(ClientSettings(base_url="http://127.0.0.1:9")))
 
 
 def play_demo(environment: TrlEnvironment, task: TaskSpec, mistake: Mistake | None) -> Demo:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack
+from trainer_client.packing import Continuation, PackedBatch, PackedRow, add_context, pack, shares_enough
 from trainer_client.records import PreferencePair
 
 
@@ -231,16 +231,16 @@ class PreferenceBatches:
     def collate(self, indices: Sequence[int], pad_token_id: int, *, shared_prefix: bool = False) -> PackedBatch:
         """The pairs of `indices` as one batch, continuations in the order of `indices`: per pair, its
         context continued by the chosen action, then by the rejected one. With `shared_prefix` a pair
-        shares a row with the pairs before it while their contexts extend one another: the longest
-        context runs once, each action follows its own pair's context. Otherwise one row per sequence."""
+        joins the previous pair's row where its context shares enough with one there (`shares_enough`:
+        the system prompt and tools of every state, a trace's history between its states): the row is a
+        prefix tree, each shared token runs once and each action follows its own pair's context
+        (decision 079). Otherwise one row per sequence."""
         rows: list[PackedRow] = []
         for index in indices:
             pair = self.pairs[index]
-            cut = len(pair.context_ids)
-            actions = (Continuation(cut, pair.chosen_ids), Continuation(cut, pair.rejected_ids))
-            if rows and (_extends(rows[-1].context, pair.context_ids) or _extends(pair.context_ids, rows[-1].context)):
-                longest = max(rows[-1].context, pair.context_ids, key=len)
-                rows[-1] = PackedRow(longest, (*rows[-1].continuations, *actions))
+            context, actions = pair.context_ids, (pair.chosen_ids, pair.rejected_ids)
+            if shared_prefix and rows and shares_enough(rows[-1], context):
+                rows[-1] = add_context(rows[-1], context, actions)
             else:
-                rows.append(PackedRow(pair.context_ids, actions))
+                rows.append(PackedRow(context, [Continuation(len(context), action) for action in actions]))
         return pack(rows, pad_token_id, shared=shared_prefix)

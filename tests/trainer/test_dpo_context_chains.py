@@ -1,6 +1,7 @@
 """DPO pairs taken at consecutive states of one trace (decision 078): each state's context extends the
 one before, so the sampler draws a mini-batch from such a chain and one row runs the longest context
-once, every action still scored exactly as it would be alone."""
+once, every action still scored exactly as it would be alone. Pairs of different traces share their
+system prompt in a prefix-tree row (decision 079)."""
 
 from __future__ import annotations
 
@@ -97,11 +98,19 @@ def test_one_row_runs_a_traces_context_once_and_scores_each_action_as_if_alone(
     torch.testing.assert_close(reference[chain], shared.view(-1, 2), rtol=1e-4, atol=1e-4)
 
 
-def test_pairs_whose_contexts_do_not_extend_one_another_keep_rows_of_their_own(tokenizer: Any) -> None:
-    pairs = trace_pairs(traces=3, states=1)  # three tasks: no context is a prefix of another
-    preferences = PreferenceBatches(pairs, tokenizer, batch_size=3, max_length=4096)
-    batch = preferences.collate([0, 1, 2], tokenizer.pad_token_id, shared_prefix=True)
-    assert batch.input_ids.size(0) == 3
+def test_pairs_of_different_tasks_share_their_head_and_other_system_prompts_keep_rows_of_their_own(tokenizer: Any) -> None:
+    """Decision 079: the row is a prefix tree, every distinct prefix of the contexts run once."""
+    pairs = trace_pairs(traces=3, states=1)  # three tasks: no context extends another, all share the system prompt
+    stranger = [{"role": "system", "content": "You review pull requests for style. " * 8}, {"role": "user", "content": "Review."}]
+    pairs.append(PreferencePair(state_id="review", messages=stranger, chosen=bash_call("git diff"), rejected=bash_call("ls")))
+    preferences = PreferenceBatches(pairs, tokenizer, batch_size=4, max_length=4096)
+    batch = preferences.collate([0, 1, 2, 3], tokenizer.pad_token_id, shared_prefix=True)
+    assert batch.input_ids.size(0) == 2
+    contexts = [preferences.pairs[index].context_ids for index in range(3)]
+    distinct_prefixes = len({context[:end] for context in contexts for end in range(1, len(context) + 1)})
+    assert distinct_prefixes < sum(map(len, contexts))
+    actions = sum(len(pair.chosen_ids) + len(pair.rejected_ids) for pair in preferences.pairs)
+    assert batch.token_count() == distinct_prefixes + len(preferences.pairs[3].context_ids) + actions
 
 
 def test_the_config_switches_the_sampler(tmp_path, tokenizer, base_model) -> None:

@@ -13,7 +13,7 @@ from transformers import MistralConfig, Qwen2Config
 from env_server.models import ErrorKind
 from tests.trainer.conftest import bash_call, build_batch, expected_pair_logps, make_config, make_trainer, preference_pairs, teacher_sequence
 from trainer_client.hint_sites import TurnFailure, TurnReport, locate_hint_sites, teacher_row
-from trainer_client.packing import Continuation, PackedRow, pack, takes_shared_prefixes
+from trainer_client.packing import Continuation, PackedRow, add_context, pack, shares_enough, takes_shared_prefixes
 from trainer_client.records import PreferencePair
 
 
@@ -37,8 +37,8 @@ def test_a_shared_prefix_scores_each_action_as_if_alone(tmp_path, tokenizer, bas
     def logps_and_gradients(shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
         causal_lm.zero_grad()
         batch = preferences.collate(indices, tokenizer.pad_token_id, shared_prefix=shared)
-        # packed: the three pairs of one context share a row (decision 078), the longer context has its own
-        assert batch.input_ids.size(0) == (2 if shared else 2 * len(pairs))
+        # packed: one row, a prefix tree: the system prompt once, the longer context branching off it (079)
+        assert batch.input_ids.size(0) == (1 if shared else 2 * len(pairs))
         logps = trainer._sequence_logps(causal_lm, batch)
         (logps * torch.arange(1.0, logps.numel() + 1)).sum().backward()  # unequal weights: a leak shows in the gradients
         return logps.detach(), torch.cat([parameter.grad.flatten() for parameter in causal_lm.parameters()])
@@ -106,3 +106,47 @@ def test_a_packed_row_masks_each_continuation_from_the_others() -> None:
     assert batch.token_count() == 7 and separate.token_count() == 4 + 5  # padding left out
     with pytest.raises(ValueError):
         pack([PackedRow([10], [Continuation(0, [20])])], pad_token_id=0, shared=True)
+
+
+def test_a_branch_sees_what_it_follows_and_its_continuations_see_the_branch() -> None:
+    """A prefix tree in one row (decision 079): a second context parts from the first after two tokens."""
+    row = PackedRow(
+        [10, 11, 12],
+        [Continuation(3, [30]), Continuation(4, [40, 41], branch=0)],
+        branches=[Continuation(2, [20, 21])],
+    )
+    batch = pack([row], pad_token_id=0, shared=True)
+    assert batch.input_ids.tolist() == [[10, 11, 12, 20, 21, 30, 40, 41]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 2, 3, 3, 4, 5]]
+    sees = batch.attention_mask[0].int().tolist()
+    assert sees[3] == [1, 1, 0, 1, 0, 0, 0, 0]  # the branch: the context before its cut, and itself
+    assert sees[5] == [1, 1, 1, 0, 0, 1, 0, 0]  # the context's continuation: never the branch
+    assert sees[7] == [1, 1, 0, 1, 1, 0, 1, 1]  # the branch's continuation: the branch's whole sequence
+    assert batch.predictors(0, 0) == [2] and batch.predictors(0, 1) == [4, 6]
+    assert row.sequence(0) == [10, 11, 20, 21]
+    separate = pack([row], pad_token_id=0, shared=False)
+    assert separate.input_ids.tolist() == [[10, 11, 12, 30, 0, 0], [10, 11, 20, 21, 40, 41]]
+    assert separate.predictors(0, 1) == [3, 4]
+    for invalid in (
+        PackedRow([10, 11], [Continuation(2, [30], branch=0)], branches=[Continuation(2, [20])]),  # cut where the branch starts
+        PackedRow([10, 11], [Continuation(2, [30], branch=1)], branches=[Continuation(2, [20])]),  # no such branch
+        PackedRow([10, 11], [], branches=[Continuation(2, [20])]),  # nothing to score
+    ):
+        with pytest.raises(ValueError):
+            pack([invalid], pad_token_id=0, shared=True)
+
+
+def test_adding_contexts_grows_a_prefix_tree() -> None:
+    row = PackedRow([1, 2, 3], [Continuation(3, [9])])
+    row = add_context(row, [1, 2, 3, 4, 5], [[8]])  # extends the context
+    row = add_context(row, [1, 2, 3, 4, 6], [[7]])  # parts from that branch after 4
+    row = add_context(row, [1, 2, 3, 4], [[5]])  # ends inside a branch: no branch of its own
+    assert [(b.cut, list(b.token_ids), b.branch) for b in row.branches] == [(3, [4, 5], None), (4, [6], 0)]
+    assert [(c.cut, c.branch) for c in row.continuations] == [(3, None), (5, 0), (5, 1), (4, 0)]
+    batch = pack([row], pad_token_id=0, shared=True)
+    assert batch.token_count() == len({1, 2, 3, 4, 5, 6}) + 4  # every distinct prefix once, then the actions
+    separate = pack([row], pad_token_id=0, shared=False)
+    assert separate.input_ids[:, :6].tolist() == [[1, 2, 3, 9, 0, 0], [1, 2, 3, 4, 5, 8], [1, 2, 3, 4, 6, 7], [1, 2, 3, 4, 5, 0]]
+    assert shares_enough(row, [1, 2, 7, 7]) and not shares_enough(row, [1, 7, 7, 7])
+    with pytest.raises(ValueError):
+        add_context(row, [2, 3], [[1]])
