@@ -16,7 +16,7 @@ and the load average. Peak memory: each arm alone in its own subprocess (CUDA ma
 CPU process's max RSS and its growth over the RSS before the first step).
 Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts] [--activation-checkpointing on]
-    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states] [--service-tools]   # SmolLM2-135M's shape, ~20 min on 2 cores
+    python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states] [--service-tools] [--dpo-runs-head]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
 """
 
@@ -179,6 +179,7 @@ class Arm:
             dpo_batch_size=p["dpo_pairs"], dpo_max_length=head + p["dpo_length"] + p["dpo_pairs"] * (p["tool_tokens"] + 64) + 64,
             jsd_top_k=args.jsd_top_k,
             sdpo_reuse_policy_cache=not args.teacher_runs_contexts,
+            dpo_reuse_policy_cache=not args.dpo_runs_head,
         )
         self.trainer = ScriptedBatchTrainer(
             model=model.to(device),
@@ -250,6 +251,9 @@ def main() -> int:
                         "task message, as real ones do (about 1,000 tokens they all share; decision 079)")
     parser.add_argument("--teacher-runs-contexts", action="store_true",
                         help="sdpo_reuse_policy_cache off: the teacher runs the contexts again (decision 076's baseline)")
+    parser.add_argument("--dpo-runs-head", action="store_true",
+                        help="dpo_reuse_policy_cache off: the DPO rows run the head they share with the rollouts' prompt "
+                        "instead of reading it from GRPO's forward (decision 079's baseline)")
     parser.add_argument("--activation-checkpointing", choices=["on", "off"],
                         help="recompute each layer's activations in the backward (default: the preset's; the gpu preset's is on)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
@@ -275,6 +279,7 @@ def main() -> int:
         command += ["--site-turns", preset["site_turns"], "--dpo-pairs", str(preset["dpo_pairs"]),
                     "--activation-checkpointing", "on" if preset["activation_checkpointing"] else "off"]
         command += ["--teacher-runs-contexts"] if args.teacher_runs_contexts else []
+        command += ["--dpo-runs-head"] if args.dpo_runs_head else []
         command += ["--dpo-contexts", args.dpo_contexts] + (["--service-tools"] if args.service_tools else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         peaks[name] = json.loads(output.strip().splitlines()[-1])
@@ -300,7 +305,7 @@ def main() -> int:
     print(f"preset={args.preset} params={parameters / 1e6:.1f}M vocab={len(tokenizer)} device={device} "
           f"torch={torch.__version__} threads={torch.get_num_threads()} jsd_top_k={args.jsd_top_k} "
           f"site_turns={preset['site_turns']} teacher_reads_policy_cache={not args.teacher_runs_contexts} "
-          f"dpo_contexts={args.dpo_contexts} service_tools={args.service_tools} "
+          f"dpo_contexts={args.dpo_contexts} service_tools={args.service_tools} dpo_reads_policy_head={not args.dpo_runs_head} "
           f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after")
     prompt = arms["grpo"].trainer.scripted_batch["prompt_ids"].size(1)
     print(f"shapes={json.dumps(preset)} prompt={prompt} completion={completion_length(preset)}")

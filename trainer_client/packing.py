@@ -214,7 +214,8 @@ def pack(rows: Sequence[PackedRow], pad_token_id: int, *, shared: bool) -> Packe
     return PackedBatch(input_ids, real if sees is None else sees, position_ids, placements)
 
 
-def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens `a` and `b` share."""
     length = 0
     for x, y in zip(a, b):
         if x != y:
@@ -232,7 +233,7 @@ def shares_enough(row: PackedRow, context: Sequence[int]) -> bool:
     """
     for branch in (None, *range(len(row.branches))):
         sequence = row.sequence(branch)
-        if 2 * _shared_length(sequence, context) >= min(len(sequence), len(context)):
+        if 2 * common_prefix_length(sequence, context) >= min(len(sequence), len(context)):
             return True
     return False
 
@@ -241,7 +242,7 @@ def add_context(row: PackedRow, context: Sequence[int], continuations: Sequence[
     """`row` with `context` added as a branch where it parts from the row's sequences (no branch where
     it ends inside one), and `continuations` after it. `context` must share its first token with the row."""
     owners = (None, *range(len(row.branches)))
-    shared, owner = max((_shared_length(row.sequence(branch), context), -number) for number, branch in enumerate(owners))
+    shared, owner = max((common_prefix_length(row.sequence(branch), context), -number) for number, branch in enumerate(owners))
     owner_branch = owners[-owner]
     if shared == 0:
         raise ValueError("a context shares no first token with the row")

@@ -1,6 +1,8 @@
-"""What GRPO's forward over the rollouts leaves for the SDPO channel: the backbone's last hidden states
-(the student's, with their autograd graph; decision 060) and, for the live teacher, every layer's keys
-and values of the rollouts' contexts (decision 076).
+"""What GRPO's forward over the rollouts leaves for the other channels: the backbone's last hidden states
+(the SDPO student's, with their autograd graph; decision 060); for the live teacher, every layer's keys
+and values of the rollouts' contexts (decision 076); for the DPO channel, the keys and values of the
+head a rollout's prompt shares with the preference pairs (system prompt, tools), with their autograd
+graph (decision 079).
 
 The keys and values are recorded by a cache object handed to that forward (`ContextRecorder`), not
 taken from the cache transformers returns: the recorder gives each layer its own keys and values back,
@@ -10,8 +12,10 @@ under activation checkpointing, where the backward replays every layer's forward
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import DynamicCache
@@ -21,45 +25,72 @@ KeysValues = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer, `(keys, values)`, each `(batch, kv heads, length, head dim)`."""
 
 
-class ContextRecorder(DynamicCache):
-    """The cache of one training forward that records each layer's keys and values, detached (the teacher
-    takes no gradient), and hands the layer back its own: it never feeds cached states into attention.
-    Recording ends with `take`; a checkpointed layer's replay in the backward then records nothing, and
-    the recorder holds no tensors through the backward."""
+class PromptHead(NamedTuple):
+    """The first `length` positions of one row of a forward's batch."""
 
-    def __init__(self, config: Any) -> None:
+    row: int
+    length: int
+
+
+class ContextRecorder(DynamicCache):
+    """The cache of one training forward that records each layer's keys and values and hands the layer back
+    its own: it never feeds cached states into attention. It records the whole batch detached (the teacher
+    takes no gradient; `record_all`) and a `head`'s positions with their autograd graph (DPO's loss takes its
+    gradient through them). Recording ends with `take`; a checkpointed layer's replay in the backward then
+    records nothing, and the recorder holds no tensors through the backward."""
+
+    def __init__(self, config: Any, *, record_all: bool = True, head: PromptHead | None = None) -> None:
         super().__init__(config=config)
+        self._record_all = record_all
+        self._head = head
         self._records: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}
+        self._head_records: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._recorded: set[int] = set()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._records is not None:
-            self._records.setdefault(layer_idx, (key_states.detach(), value_states.detach()))
+        if self._records is not None and layer_idx not in self._recorded:
+            self._recorded.add(layer_idx)
+            if self._record_all:
+                self._records[layer_idx] = (key_states.detach(), value_states.detach())
+            if self._head is not None:
+                row, length = self._head
+                # copies: a view would hold the whole batch's keys and values through the backward
+                self._head_records[layer_idx] = (
+                    key_states[row : row + 1, :, :length].clone(), value_states[row : row + 1, :, :length].clone()
+                )
         return key_states, value_states
 
-    def take(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """The records by layer index; recording ends."""
+    def take(self) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """The whole batch's records and the head's, by layer index; recording ends."""
         records, self._records = self._records or {}, None
-        return records
+        head_records, self._head_records = self._head_records, {}
+        return records, head_records
 
 
 class BackboneCapture:
     """Captures the backbone's last hidden state during one forward pass (with its autograd graph) and, if
-    asked to `record_contexts`, every layer's keys and values (`ContextRecorder`)."""
+    asked to `record_contexts`, every layer's keys and values; if given a `head`, those of its positions with
+    their autograd graph (`ContextRecorder`)."""
 
-    def __init__(self, backbone: torch.nn.Module, *, record_contexts: bool) -> None:
+    def __init__(self, backbone: torch.nn.Module, *, record_contexts: bool, head: PromptHead | None = None) -> None:
         self._backbone = backbone
         self._record_contexts = record_contexts
+        self._head = head
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._opened: list[GradientCheckpointingLayer] = []
+        self._exits = contextlib.ExitStack()
         self.hidden_states: torch.Tensor | None = None
         self.keys_values: KeysValues | None = None
         """Keys and values of every input position of every layer, detached; None unless asked for, or
         where a layer did not record them all."""
+        self.head_keys_values: KeysValues | None = None
+        """Keys and values of the head's positions of every layer, `(1, kv heads, head length, head dim)`,
+        with their autograd graph; None unless a head was given, or where a layer did not record it."""
 
     def __enter__(self) -> BackboneCapture:
-        recorder = ContextRecorder(self._backbone.config) if self._record_contexts else None
+        recording = self._record_contexts or self._head is not None
+        recorder = ContextRecorder(self._backbone.config, record_all=self._record_contexts, head=self._head) if recording else None
         layers = self._backbone.config.num_hidden_layers
 
         def hand_recorder(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -70,27 +101,54 @@ class BackboneCapture:
                 raise RuntimeError("the backbone ran twice in one loss computation; cannot tell the passes apart")
             self.hidden_states = output.last_hidden_state
             if recorder is not None:
-                records = recorder.take()  # a layer that recorded did so over the whole input
+                records, head_records = recorder.take()  # a layer that recorded did so over the whole input
                 self.keys_values = [records[i] for i in range(layers)] if len(records) == layers else None
+                self.head_keys_values = [head_records[i] for i in range(layers)] if len(head_records) == layers else None
 
         self._handles.append(self._backbone.register_forward_hook(keep))
         if recorder is not None:
             self._handles.append(self._backbone.register_forward_pre_hook(hand_recorder, with_kwargs=True))
-            # Under activation checkpointing a layer drops the cache it is given unless it declares that its
-            # replay may see the cache again; the recorder's replay records and feeds nothing, so it may.
-            self._opened = [
-                layer for layer in self._backbone.modules()
-                if isinstance(layer, GradientCheckpointingLayer) and not getattr(layer, "_can_checkpoint_with_cache", False)
-            ]
-            for layer in self._opened:
-                layer._can_checkpoint_with_cache = True
+            self._exits.enter_context(checkpointed_layers_keep_cache(self._backbone))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
-        for layer in self._opened:
+        self._exits.close()
+
+
+@contextlib.contextmanager
+def checkpointed_layers_keep_cache(backbone: torch.nn.Module) -> Iterator[None]:
+    """Under activation checkpointing a layer drops the cache it is given unless it declares that its replay
+    in the backward may see the cache again. A cache that stores nothing in `update` (`ContextRecorder`,
+    `HeadCache`) gives the replay what the forward saw, so the layers of `backbone` may keep it while this
+    context is open (it is read when a layer is called, not when it replays)."""
+    opened = [
+        layer for layer in backbone.modules()
+        if isinstance(layer, GradientCheckpointingLayer) and not getattr(layer, "_can_checkpoint_with_cache", False)
+    ]
+    for layer in opened:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in opened:
             del layer._can_checkpoint_with_cache  # the class's own value again
+
+
+class HeadCache(DynamicCache):
+    """Keys and values of a prompt head that every row of a forward reads before its own tokens: each layer
+    attends to the head, then to the row. Read-only: `update` stores nothing, so a checkpointed layer's
+    replay sees the same keys, and the head's tensors keep their autograd graph (decision 079)."""
+
+    def __init__(self, head_keys_values: KeysValues, rows: int) -> None:
+        super().__init__(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in head_keys_values])
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layers[layer_idx]
+        return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
 """The DPO channel's data: preference pairs, tokenized once, served as cycling mini-batches.
 
 A pair becomes two sequences sharing a context: `context + chosen` and `context + rejected`
-(batched as two rows, or as one row that runs the context once: `collate(shared_prefix=True)`).
-Pairs taken at consecutive states of one trace have contexts that extend one another; by default a
-mini-batch is drawn from such a chain and its pairs share one row, the longest context run once
-(decision 078). Pairs are rendered by the policy's chat template with the rollouts'
+(batched as two rows, or in one prefix-tree row with the mini-batch's other pairs, every shared token
+run once: `collate(shared_prefix=True)`, decision 079). Pairs taken at consecutive states of one trace
+have contexts that extend one another; by default a mini-batch is drawn from such a chain (decision 078). Pairs are rendered by the policy's chat template with the rollouts'
 `chat_template_kwargs` and tools (the pair's own, or else the training environment's). A context
 too long for `max_length` loses its oldest exchanges, never its system prompt, its tools or the
 task's first message. Only the assistant message's tokens are scored. Under several processes each rank holds its own shard of

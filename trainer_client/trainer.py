@@ -44,8 +44,23 @@ from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, Concurre
 from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_row, turn_reports
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.output_head import output_logits
-from trainer_client.packing import Continuation, PackedBatch, PackedRow, pack, pack_after_cache, takes_shared_prefixes
-from trainer_client.policy_forward import BackboneCapture, KeysValues, PolicyContexts
+from trainer_client.packing import (
+    Continuation,
+    PackedBatch,
+    PackedRow,
+    common_prefix_length,
+    pack,
+    pack_after_cache,
+    takes_shared_prefixes,
+)
+from trainer_client.policy_forward import (
+    BackboneCapture,
+    HeadCache,
+    KeysValues,
+    PolicyContexts,
+    PromptHead,
+    checkpointed_layers_keep_cache,
+)
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
@@ -108,6 +123,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
             "plain shuffle, a row per pair."
         },
     )
+    dpo_reuse_policy_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "The DPO mini-batch reads the head its pairs share with a rollout's prompt (system prompt, tools) "
+            "from GRPO's forward, keys and values with their gradient, and runs only the rest (decision 079). Applies "
+            "where packed rows apply and the forward records a gradient (not under reentrant checkpointing)."
+        },
+    )
     dpo_sync_ref_model: bool = field(
         default=False,
         metadata={
@@ -146,6 +169,18 @@ class ComposerConfig(ConcurrentRolloutConfig):
             raise ValueError(f"dpo_ref_model_mixup_alpha must lie in (0, 1], got {self.dpo_ref_model_mixup_alpha}")
         if self.dpo_ref_model_sync_steps < 1:
             raise ValueError(f"dpo_ref_model_sync_steps must be >= 1, got {self.dpo_ref_model_sync_steps}")
+
+
+@dataclass(frozen=True)
+class DpoBatch:
+    """One micro-step's DPO mini-batch."""
+
+    indices: list[int]
+    """The pairs' positions in the rank's shard."""
+    batch: PackedBatch
+    """Their rows (`PreferenceBatches.collate`)."""
+    head: PromptHead | None
+    """The rollout prompt head every row opens with, whose keys and values GRPO's forward records for it."""
 
 
 class _EmaTeacherUpdate(TrainerCallback):
@@ -399,19 +434,24 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         mode = "train" if self.model.training else "eval"
         # `hint_tokens` counts the whole generation batch on every rank, so all ranks take the same branch
         # (the SDPO forwards are collectives under ZeRO-3 / FSDP); a rank without a site of its own runs a dummy.
-        if self.args.sdpo_weight > 0 and "hint_sites" in inputs and int(inputs["hint_tokens"]) > 0:
-            record_contexts = self._teacher_reads_policy_cache()
-            with BackboneCapture(self._causal_lm(model).base_model, record_contexts=record_contexts) as captured:
+        sdpo = self.args.sdpo_weight > 0 and "hint_sites" in inputs and int(inputs["hint_tokens"]) > 0
+        dpo = self._next_dpo_batch(inputs) if self.args.dpo_weight > 0 else None
+        captured = None
+        if sdpo or (dpo is not None and dpo.head is not None):
+            record_contexts = sdpo and self._teacher_reads_policy_cache()
+            head = dpo.head if dpo is not None else None
+            with BackboneCapture(self._causal_lm(model).base_model, record_contexts=record_contexts, head=head) as captured:
                 loss = super()._compute_loss(model, inputs)
-            sdpo = self._sdpo_loss(model, inputs, captured.hidden_states, captured.keys_values)
-            loss = loss + self.args.sdpo_weight * sdpo
         else:
             loss = super()._compute_loss(model, inputs)
-            if self.args.sdpo_weight > 0:
-                self._metrics[mode]["sdpo/loss"].append(0.0)
-        if self.args.dpo_weight > 0:
+        if sdpo:
+            loss = loss + self.args.sdpo_weight * self._sdpo_loss(model, inputs, captured.hidden_states, captured.keys_values)
+        elif self.args.sdpo_weight > 0:
+            self._metrics[mode]["sdpo/loss"].append(0.0)
+        if dpo is not None:
             policy_tokens = inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()  # what GRPO's forward ran
-            loss = loss + self.args.dpo_weight * self._dpo_loss(model, policy_tokens)
+            head_keys_values = captured.head_keys_values if captured is not None else None
+            loss = loss + self.args.dpo_weight * self._dpo_loss(model, policy_tokens, dpo, head_keys_values)
         return loss
 
     def _accumulation_share(self) -> float:
@@ -531,14 +571,27 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             scored = hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)]
             return output_logits(teacher, scored)
 
-    def _sequence_logps(self, causal_lm: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-        """Summed log-probs of each continuation, in order; the vocabulary is projected only at its tokens."""
+    def _sequence_logps(
+        self, causal_lm: torch.nn.Module, batch: PackedBatch, head_keys_values: KeysValues | None = None
+    ) -> torch.Tensor:
+        """Summed log-probs of each continuation, in order; the vocabulary is projected only at its tokens.
+        With `head_keys_values`, every row's first positions are read from them (a prompt head recorded in
+        GRPO's forward, its gradient included) and only the rest of the rows runs."""
         device = self.accelerator.device
-        hidden = self._hidden_states(
-            causal_lm, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device)
-        )
+        head, cache, keep_cache = 0, None, contextlib.nullcontext()
+        if head_keys_values is not None:
+            head, cache = head_keys_values[0][0].size(-2), HeadCache(head_keys_values, rows=batch.input_ids.size(0))
+            keep_cache = checkpointed_layers_keep_cache(causal_lm.base_model)
+        with keep_cache:
+            hidden = self._hidden_states(
+                causal_lm,
+                batch.input_ids[:, head:].to(device),
+                batch.attention_mask[:, head:].to(device),  # a packed mask: the rest's queries, every key
+                batch.position_ids[:, head:].to(device),
+                cache,
+            )
         rows, predictors, targets, numbers = (t.to(device) for t in batch.scored_tokens())
-        logits = output_logits(causal_lm, hidden[rows, predictors])
+        logits = output_logits(causal_lm, hidden[rows, predictors - head])
         token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
         continuations = sum(len(placements) for placements in batch.placements)  # known on the host: no device sync
         return torch.zeros(continuations, device=device).index_add(0, numbers, token_logps)
@@ -578,27 +631,58 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             mix_into(self._dpo_reference, self._causal_lm(self.model), self.args.dpo_ref_model_mixup_alpha)
         self._preferences.reference_logps = None
 
-    def _dpo_loss(self, model: torch.nn.Module, policy_tokens: torch.Tensor) -> torch.Tensor:
-        """The DPO mini-batch's loss; logs `dpo/token_share`, its tokens over GRPO's `policy_tokens` in this
-        micro-step, which is what the channel adds to the step's time (decision 077)."""
+    def _next_dpo_batch(self, inputs: dict[str, Any]) -> DpoBatch:
+        """The micro-step's DPO mini-batch, and the head its pairs share with a rollout's prompt, if GRPO's
+        forward may record it for them (decision 079)."""
         preferences = self._preferences
-        if preferences.reference_logps is None:
-            preferences.reference_logps = self._reference_logps(preferences)
         indices = preferences.next_indices()
         batch = self._collate_pairs(preferences, indices)
-        policy = self._sequence_logps(self._causal_lm(model), batch).view(-1, 2)  # (pairs, chosen / rejected)
-        reference = preferences.reference_logps[indices].to(policy.device)
+        head = None
+        if self.args.dpo_reuse_policy_cache and self._shared_prefixes:
+            contexts = [preferences.pairs[index].context_ids for index in indices]
+            longest = min(map(len, contexts)) - 1  # a context's last token predicts its actions: it must run
+            # Rows without left padding: there the head's positions are those of the pairs' own rows.
+            for row in (inputs["prompt_mask"][:, 0] == 1).nonzero().flatten().tolist():
+                prompt = inputs["prompt_ids"][row].tolist()
+                length = min(longest, *(common_prefix_length(prompt, context) for context in contexts))
+                if length > (head.length if head else 0):
+                    head = PromptHead(row, length)
+        return DpoBatch(indices, batch, head)
+
+    def _dpo_loss(
+        self,
+        model: torch.nn.Module,
+        policy_tokens: torch.Tensor,
+        dpo: DpoBatch | None = None,
+        head_keys_values: KeysValues | None = None,
+    ) -> torch.Tensor:
+        """The loss of the DPO mini-batch `dpo` (by default the next one, run whole); logs `dpo/token_share`,
+        the tokens it ran over GRPO's `policy_tokens` in this micro-step, which is what the channel adds to
+        the step's time (decision 077). The head recorded in GRPO's forward (`head_keys_values`) is read, not
+        run, where it carries its gradient: not under reentrant activation checkpointing, whose forward
+        records no graph."""
+        preferences = self._preferences
+        if dpo is None:
+            indices = preferences.next_indices()
+            dpo = DpoBatch(indices, self._collate_pairs(preferences, indices), head=None)
+        if preferences.reference_logps is None:
+            preferences.reference_logps = self._reference_logps(preferences)
+        if head_keys_values is not None and torch.is_grad_enabled() and not head_keys_values[0][0].requires_grad:
+            head_keys_values = None
+        policy = self._sequence_logps(self._causal_lm(model), dpo.batch, head_keys_values).view(-1, 2)  # (pairs, chosen / rejected)
+        reference = preferences.reference_logps[dpo.indices].to(policy.device)
         out = dpo_loss(
             policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], beta=self.args.dpo_beta, loss_type=self.args.dpo_loss_type
         )
         mode = "train" if self.model.training else "eval"
         loss = out.losses.mean()
+        head = 0 if head_keys_values is None else head_keys_values[0][0].size(-2)
         # every rank scores as many pairs (`rank_shard`): the global means are the means of the ranks'
         ranks = self._gathered(
             loss,
             (out.chosen_rewards > out.rejected_rewards).float().mean(),
             (out.chosen_rewards - out.rejected_rewards).mean(),
-            batch.token_count(),
+            dpo.batch.token_count() - head * dpo.batch.input_ids.size(0),
             policy_tokens,
         )
         for name, value in zip(("dpo/loss", "dpo/accuracy", "dpo/margin"), ranks[:, :3].mean(dim=0).tolist()):

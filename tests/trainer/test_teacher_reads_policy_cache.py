@@ -14,7 +14,7 @@ from env_server.models import ErrorKind
 from tests.trainer.conftest import build_batch, make_config, make_trainer
 from trainer_client.hint_sites import TurnFailure, TurnReport, locate_hint_sites, teacher_row
 from trainer_client.packing import Continuation, PackedRow, pack_after_cache
-from trainer_client.policy_forward import BackboneCapture, ContextRecorder, PolicyContexts
+from trainer_client.policy_forward import BackboneCapture, ContextRecorder, PolicyContexts, PromptHead
 
 
 def two_rollouts_of_unequal_prompts(trainer: Any, tokenizer: Any) -> dict[str, Any]:
@@ -118,10 +118,23 @@ def test_the_recorder_hands_attention_its_own_states_and_records_each_layer_once
     keys, values = recorder.update(states, states * 2, 0)
     assert keys is states and values.requires_grad  # attention runs as without a cache, gradient and all
     recorder.update(replayed, replayed, 0)  # a checkpointed layer's replay in the backward
-    records = recorder.take()
+    records, head_records = recorder.take()
     assert list(records) == [0] and torch.equal(records[0][0], states) and not records[0][0].requires_grad
+    assert head_records == {}  # no head asked for
     recorder.update(replayed, replayed, 1)  # after `take`: nothing is held through the backward
-    assert recorder.take() == {} and recorder.get_seq_length() == 0
+    assert recorder.take() == ({}, {}) and recorder.get_seq_length() == 0
+
+
+def test_the_recorder_keeps_a_heads_keys_and_values_with_their_graph(base_model) -> None:
+    recorder = ContextRecorder(base_model.config, record_all=False, head=PromptHead(row=1, length=2))
+    states = torch.randn(2, 2, 3, 4, requires_grad=True)
+    recorder.update(states, states * 2, 0)
+    records, head_records = recorder.take()
+    keys, values = head_records[0]
+    assert records == {} and keys.shape == (1, 2, 2, 4)
+    assert torch.equal(keys, states[1:, :, :2]) and torch.equal(values, 2 * states[1:, :, :2])
+    values.sum().backward()  # the gradient reaches the states the head was taken from, only there
+    assert states.grad[1, :, :2].eq(2).all() and states.grad.sum() == 2 * keys.numel()
 
 
 def test_continuations_after_a_cache_see_their_context_from_its_start_to_their_cut() -> None:

@@ -11,6 +11,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.trainer.conftest import alone, build_batch, make_config, make_trainer, preference_pairs, teacher_sequence
+from trainer_client.packing import common_prefix_length
 
 
 def loss_and_grads(trainer: Any, inputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -46,10 +47,14 @@ def test_hint_sites_give_an_sdpo_loss_and_every_parameter_a_finite_gradient(tmp_
     # Before any update the policy is its own reference: every margin is 0, no pair is won (strict >),
     # and the loss of each pair is -log(sigmoid(0)) = ln 2.
     assert metrics["dpo/accuracy"][-1] == 0.0 and metrics["dpo/loss"][-1] == pytest.approx(math.log(2))
-    # The DPO forward's tokens (each pair's context once, both actions) over those of GRPO's forward.
-    pairs = trainer._collate_pairs(trainer._preferences, [0, 1])  # the three pairs are of one length
+    # The DPO forward's tokens (the pairs' one context once, both actions of each), less the head the context
+    # shares with the rollouts' prompt (read from GRPO's forward), over the tokens of GRPO's forward.
+    pairs = trainer._collate_pairs(trainer._preferences, [0, 1])  # the three pairs are one context
+    context = trainer._preferences.pairs[0].context_ids
+    head = common_prefix_length(inputs["prompt_ids"][0].tolist(), context)
+    assert 0 < head < len(context) and pairs.input_ids.size(0) == 1
     policy_tokens = (inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()).item()
-    assert metrics["dpo/token_share"][-1] == pytest.approx(pairs.token_count() / policy_tokens)
+    assert metrics["dpo/token_share"][-1] == pytest.approx((pairs.token_count() - head) / policy_tokens)
     for name, param in trainer.model.named_parameters():
         assert name in grads, f"{name} got no gradient"
         assert torch.isfinite(grads[name]).all(), name
