@@ -185,7 +185,8 @@ class Arm:
             model=model.to(device),
             reward_funcs=lambda completions, **_: [0.0] * len(completions),  # never called: generation is scripted
             args=config,
-            train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Fix the bug."}]}] * p["batch"]),
+            # the rollouts' system prompt, which the DPO pairs are rendered with (`dpo_system_prompt`)
+            train_dataset=Dataset.from_list([{"prompt": task_messages(p, "0")}] * p["batch"]),
             processing_class=tokenizer,
             preference_pairs=preference_pairs(p, args.dpo_contexts, tools) if dpo_weight > 0 else None,
         )

@@ -4,7 +4,8 @@ A pair becomes two sequences sharing a context: `context + chosen` and `context 
 (batched as two rows, or in one prefix-tree row with the mini-batch's other pairs, every shared token
 run once: `collate(shared_prefix=True)`, decision 079). Pairs taken at consecutive states of one trace
 have contexts that extend one another; by default a mini-batch is drawn from such a chain (decision 078). Pairs are rendered by the policy's chat template with the rollouts'
-`chat_template_kwargs` and tools (the pair's own, or else the training environment's). A context
+`chat_template_kwargs`, tools (the pair's own, or else the training environment's) and, where given,
+system prompt (in place of the traced agent's). A context
 too long for `max_length` loses its oldest exchanges, never its system prompt, its tools or the
 task's first message. Only the assistant message's tokens are scored. Under several processes each rank holds its own shard of
 the pairs (`rank_shard`). The reference model's log-probs of both are computed by the trainer at
@@ -90,6 +91,16 @@ def _without_oldest_exchange(messages: list[dict[str, Any]]) -> list[dict[str, A
     return [*messages[:head], *messages[end:]]
 
 
+def _with_system_messages(messages: list[dict[str, Any]], system: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` opening with `system` instead of their own leading system messages: a replayed state in
+    the context a rollout starts from, whose system prompt is the training prompt's (or, with none, the
+    chat template's default), not the one the traced agent ran with."""
+    own = 0
+    while own < len(messages) and messages[own].get("role") == "system":
+        own += 1
+    return [*system, *messages[own:]]
+
+
 def _extends(context: Sequence[int], prefix: Sequence[int]) -> bool:
     return len(prefix) <= len(context) and context[: len(prefix)] == prefix
 
@@ -134,6 +145,7 @@ class PreferenceBatches:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Any] | None = None,
+        system_messages: Sequence[Mapping[str, Any]] | None = None,
         group_by_context: bool = True,
         seed: int = 0,
         rank: int = 0,
@@ -147,6 +159,8 @@ class PreferenceBatches:
         self._chat_template = chat_template
         self._chat_template_kwargs = dict(chat_template_kwargs or {})
         self._tools = list(tools or [])
+        self._system_messages = None if system_messages is None else [dict(m) for m in system_messages]
+        """Given, they replace a pair's own leading system messages (`_with_system_messages`)."""
         self._max_length = max_length
         self.batch_size = min(batch_size, len(self.pair_ids))
         self.pairs = [self._tokenize(pairs[index]) for index in self.pair_ids]
@@ -195,10 +209,10 @@ class PreferenceBatches:
 
     def _tokenize(self, pair: PreferencePair) -> TokenizedPair:
         tools = self._tools if pair.tools is None else pair.tools
-        chosen = self._assistant_ids(pair.messages, tools, pair.chosen)
-        rejected = self._assistant_ids(pair.messages, tools, pair.rejected)
+        messages = pair.messages if self._system_messages is None else _with_system_messages(pair.messages, self._system_messages)
+        chosen = self._assistant_ids(messages, tools, pair.chosen)
+        rejected = self._assistant_ids(messages, tools, pair.rejected)
         budget = self._max_length - max(len(chosen), len(rejected))
-        messages = pair.messages
         context = list(self._render(messages, tools, add_generation_prompt=True))
         while len(context) > budget:
             messages = _without_oldest_exchange(messages)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -123,6 +124,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
             "plain shuffle, a row per pair."
         },
     )
+    dpo_system_prompt: str = field(
+        default="rollout",
+        metadata={
+            "help": "The system prompt DPO pairs are rendered with: 'rollout' (the training prompts' own, or none "
+            "and the chat template's default, as a rollout starts; decision 079) or 'trace' (the one the replayed "
+            "trace carries: the traced agent's, or ingestion's generic one)."
+        },
+    )
     dpo_reuse_policy_cache: bool = field(
         default=True,
         metadata={
@@ -160,6 +169,8 @@ class ComposerConfig(ConcurrentRolloutConfig):
             raise ValueError(f"sdpo_teacher must be 'live', 'ema' or 'base', got {self.sdpo_teacher!r}")
         if self.dpo_loss_type not in ("sigmoid", "ipo"):
             raise ValueError(f"dpo_loss_type must be 'sigmoid' or 'ipo', got {self.dpo_loss_type!r}")
+        if self.dpo_system_prompt not in ("rollout", "trace"):
+            raise ValueError(f"dpo_system_prompt must be 'rollout' or 'trace', got {self.dpo_system_prompt!r}")
         if min(self.sdpo_weight, self.dpo_weight) < 0:
             raise ValueError("sdpo_weight and dpo_weight must be >= 0")
         if self.dpo_sync_ref_model and self.dpo_weight == 0:
@@ -236,6 +247,17 @@ def check_conversational_prompts(dataset: Any) -> None:
         )
 
 
+def rollout_system_messages(dataset: Any) -> list[dict[str, Any]] | None:
+    """The system messages a rollout's prompt opens with: the first row's leading ones (none: the chat
+    template's default applies). None where the prompts are not chat messages."""
+    if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names or len(dataset) == 0:
+        return None
+    prompt = dataset[0]["prompt"]
+    if not isinstance(prompt, list):
+        return None
+    return list(itertools.takewhile(lambda message: message.get("role") == "system", prompt))
+
+
 class ComposerTrainer(ConcurrentRolloutTrainer):
     """GRPO + alpha * SDPO at hint sites + beta * trace-replay DPO. See the module docstring."""
 
@@ -285,6 +307,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 chat_template_kwargs=self.chat_template_kwargs,
                 # pairs without their own tools get the rollouts' (one environment class: its tools)
                 tools=next(iter(getattr(self, "_env_tools", {}).values()), None) or self.tools,
+                system_messages=rollout_system_messages(self.train_dataset) if config.dpo_system_prompt == "rollout" else None,
                 seed=config.seed,
                 rank=self.accelerator.process_index,
                 world_size=self.accelerator.num_processes,

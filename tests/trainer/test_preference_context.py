@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.trainer.conftest import make_config, make_trainer
 from trainer_client.preferences import PreferenceBatches
 from trainer_client.records import PreferencePair
 from trainer_client.traces.tool_mapping import map_message, map_messages
@@ -128,3 +129,22 @@ def test_a_mistake_pair_carries_the_demos_tools_and_its_rollouts_prefix(tokenize
     (tokenized,) = PreferenceBatches([pair], tokenizer, batch_size=1, max_length=8192).pairs
     rejected_rollout = [*tokenized.context_ids, *tokenized.rejected_ids]  # the demo made the mistake: its own turn
     assert rejected_rollout == ids[: len(rejected_rollout)]
+
+
+def test_a_pair_opens_with_the_rollouts_system_prompt_not_the_traced_agents(tmp_path, tokenizer, base_model) -> None:
+    """Replayed states carry the traced agent's system prompt (or ingestion's generic one); rollouts start
+    from the training prompt's, or from none and the template's default. The pair takes the rollouts'."""
+    task = {"role": "user", "content": "Fix the failing test in calc.py."}
+    pair = PreferencePair(state_id="s", messages=EPISODE[:4], chosen=EPISODE[4], rejected=call("bash", command="cat calc.py"))
+    for system in ([], [{"role": "system", "content": "You train on coding tasks."}]):
+        ids, _ = rollout_token_ids(tokenizer, [*system, task, *EPISODE[2:]], SERVICE_TOOLS)
+        (tokenized,) = PreferenceBatches([pair], tokenizer, batch_size=1, max_length=4096, tools=SERVICE_TOOLS, system_messages=system).pairs
+        assert [*tokenized.context_ids, *tokenized.chosen_ids] == ids[: len(tokenized.context_ids) + len(tokenized.chosen_ids)]
+        assert "You are a coding agent." not in tokenizer.decode(tokenized.context_ids)
+    # the trainer takes them from its training prompts ("rollout", the default), or keeps the trace's
+    for setting, kept in (("rollout", False), ("trace", True)):
+        config = make_config(tmp_path, dpo_weight=1.0, dpo_system_prompt=setting)
+        trainer = make_trainer(base_model, tokenizer, config, preference_pairs=[pair])  # prompts: one user message
+        assert ("You are a coding agent." in tokenizer.decode(trainer._preferences.pairs[0].context_ids)) == kept
+    with pytest.raises(ValueError, match="dpo_system_prompt"):
+        make_config(tmp_path, dpo_weight=1.0, dpo_system_prompt="agent")
