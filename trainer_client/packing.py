@@ -10,6 +10,12 @@ the additive 4D mask transformers passes to the attention unchanged (decision 07
 cannot take such a mask (`takes_shared_prefixes`), `pack(shared=False)` gives each continuation a
 row of its own, `context[:cut] + continuation`, with the same coordinates API.
 
+Several contexts that share their first tokens (a DPO mini-batch: every pair opens with the same
+system prompt and tools) make one row as a prefix tree (decision 079): the first context, then each
+other one as a *branch* of the tokens past where it parts from the row's sequences (`add_context`);
+continuations may follow a branch. A token sees what its segment follows and its segment's earlier
+tokens.
+
 Where the contexts are already in a key-value cache (the policy's own forward over the rollouts,
 decision 076), `pack_after_cache` lays out the continuations alone: their queries see the cached
 context before their cut, by a mask over the cache's positions and their own.
