@@ -45,13 +45,11 @@ class ContextRecorder(DynamicCache):
         self._head = head
         self._records: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}
         self._head_records: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._recorded: set[int] = set()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._records is not None and layer_idx not in self._recorded:
-            self._recorded.add(layer_idx)
+        if self._records is not None and layer_idx not in self._records and layer_idx not in self._head_records:
             if self._record_all:
                 self._records[layer_idx] = (key_states.detach(), value_states.detach())
             if self._head is not None:
