@@ -129,20 +129,26 @@ def judge_calls(task: TaskSpec, raw_results: str) -> list[CallVerdict]:
 
 
 def _verdict(index: int, check: CallCheck, outcome: dict[str, Any] | None) -> CallVerdict:
-    name = check_id(index, check)
+    passed, reason = judge_outcome(check, outcome)
+    return CallVerdict(check_id=check_id(index, check), passed=passed, reason=reason)
+
+
+def judge_outcome(check: CallCheck, outcome: dict[str, Any] | None) -> tuple[bool, str]:
+    """(passed, reason) for one call's harness line (None: no line). The validity gate feeds
+    trivial baselines' answers through this same judge (`env_server.tasks.baselines`)."""
     if outcome is None:
-        return CallVerdict(check_id=name, passed=False, reason="no result")
+        return False, "no result"
     for failure in ("timeout", "crashed", "too_large", "malformed"):
         if failure in outcome:
-            return CallVerdict(check_id=name, passed=False, reason=failure.replace("_", " "))
+            return False, failure.replace("_", " ")
     if "raised" in outcome:
         raised = outcome["raised"]
         passed = check.raises is not None and raised == check.raises
         shown = raised if type(raised) is str and raised.replace(".", "").replace("_", "").isalnum() else "?"
-        return CallVerdict(check_id=name, passed=passed, reason="ok" if passed else f"raised {shown[:80]}")
+        return passed, "ok" if passed else f"raised {shown[:80]}"
     returned = outcome.get("returned")
     if check.raises is not None:
-        return CallVerdict(check_id=name, passed=False, reason=f"returned instead of raising {check.raises}")
+        return False, f"returned instead of raising {check.raises}"
     if check.judge is not None:
         passed = _judged(check, returned)
     else:
@@ -153,11 +159,11 @@ def _verdict(index: int, check: CallCheck, outcome: dict[str, Any] | None) -> Ca
             typed_values.matches(got, wanted, rel_tol=check.rel_tol, abs_tol=check.abs_tol)
             for got, wanted in zip(after, check.expected_args)
         ):
-            return CallVerdict(check_id=name, passed=False, reason="changed its arguments")
+            return False, "changed its arguments"
     if passed:
-        return CallVerdict(check_id=name, passed=True, reason="ok")
+        return True, "ok"
     unencodable = returned == typed_values.UNENCODABLE
-    return CallVerdict(check_id=name, passed=False, reason="unencodable result" if unencodable else "wrong result")
+    return False, "unencodable result" if unencodable else "wrong result"
 
 
 def _judged(check: CallCheck, returned: Any) -> bool:

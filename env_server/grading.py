@@ -395,14 +395,6 @@ def _known_id(reported: str, known: set[str]) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _reward(passed: int, total: int, task: TaskSpec) -> float:
-    if total == 0:
-        return 0.0
-    if task.reward_mode == "binary":
-        return 1.0 if passed == total else 0.0
-    return passed / total
-
-
 class HiddenTestRun(BaseModel):
     """What the hidden-test run in the grading sandbox reported."""
 
@@ -567,7 +559,7 @@ def grade(
             return failed(f"the submission could not be graded ({type(error).__name__})")
     flags |= set(verdict.flags)
     total = len(verdict.passed) + len(verdict.failed)
-    reward = _reward(len(verdict.passed), total, task)
+    reward = task.reward_for(len(verdict.passed), total)
     if flags & set(config.zero_reward_flags):
         reward = 0.0
     reward = max(0.0, reward - config.monitor_penalty * len(flags))

@@ -259,14 +259,25 @@ class TaskSpec(BaseModel):
     grade_command: str = "python3 -m pytest -q -p no:cacheprovider"
     """Command run at grading time, with the hidden tests in place; pytest-style output is parsed."""
 
-    reward_mode: Literal["fraction", "binary"] = "fraction"
-    """`fraction`: passed/total; `binary`: 1.0 only if every hidden test (or call) passes."""
+    reward_mode: Literal["fraction", "binary"] = "binary"
+    """`binary` (the default): 1.0 only if every hidden test (or call) passes, else 0.
+    `fraction` (opt-in): passed/total. Partial credit pays a constant or an echo that happens to
+    match some hidden outputs, so a task opts in only where the validity gate shows that no trivial
+    baseline earns any of it (docs/decisions/054-all-or-nothing-reward.md)."""
 
     limits: TaskLimits = Field(default_factory=TaskLimits)
     """Step and time budgets."""
 
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Suite-specific facts (source, license, difficulty); never shown to the agent."""
+
+    def reward_for(self, passed: int, total: int) -> float:
+        """The reward of a submission that passed `passed` of `total` hidden checks."""
+        if total == 0:
+            return 0.0
+        if self.reward_mode == "binary":
+            return 1.0 if passed == total else 0.0
+        return passed / total
 
     @field_validator("files", "visible_tests", "hidden_tests", "hidden_files")
     @classmethod

@@ -28,15 +28,30 @@ class TaskSuite(Protocol):
 
 
 class StaticSuite:
-    """A suite whose tasks are all built up front (small suites, or ones cheap to build)."""
+    """A suite whose tasks are all built up front (small suites, or ones cheap to build).
 
-    def __init__(self, tasks: list[TaskSpec]) -> None:
-        self._tasks = {task.id: task for task in tasks}
+    Every task passes the validity gate's host-side part (`validation.host_validity`: no trivial
+    baseline earns reward on its call table) or is not served: it is kept in `rejected`, with why.
+    Generators redraw or repair what the gate rejects, so this only catches what they let through.
+    """
+
+    def __init__(self, tasks: list[TaskSpec], *, gated: bool = True) -> None:
+        """`gated=False` only for suites whose tasks must not be solvable (canaries: their hidden
+        outputs are secrets that only the gate's most-common-output oracle could know)."""
+        # Imported here: the gate's module imports the grader, which listing suite names never needs.
+        from env_server.tasks.validation import Validity, host_validity
+
+        verdicts = {task.id: host_validity(task) if gated else Validity(task_id=task.id, valid=True) for task in tasks}
+        self._tasks = {task.id: task for task in tasks if verdicts[task.id].valid}
+        self.rejected: dict[str, Validity] = {task_id: verdict for task_id, verdict in verdicts.items() if not verdict.valid}
+        """Tasks the gate refused, by id (`coding-env tasks validate` reports them)."""
 
     def ids(self) -> list[str]:
         return list(self._tasks)
 
     def get(self, task_id: str) -> TaskSpec:
+        if task_id in self.rejected:
+            raise KeyError(f"task {task_id!r} is not served: {'; '.join(self.rejected[task_id].problems)}")
         try:
             return self._tasks[task_id]
         except KeyError:

@@ -183,4 +183,6 @@ def is_canary(task_id: str) -> bool:
 
 class CanarySuite(StaticSuite):
     def __init__(self) -> None:
-        super().__init__([canary_task(family, fn) for family in FAMILIES for fn in _FUNCTIONS])
+        # Not gated: a canary has no honest solution, and its secret outputs are exactly what the
+        # gate's most-common-hidden-output oracle knows and the agent cannot.
+        super().__init__([canary_task(family, fn) for family in FAMILIES for fn in _FUNCTIONS], gated=False)

@@ -39,6 +39,7 @@ from typing import Any
 from env_server.models import CallCheck, TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 from env_server.tasks.splits import Split, split_of
+from env_server.tasks.validation import host_validity
 
 SUITE = "warmup"
 DEFAULT_SEED = 0
@@ -631,43 +632,46 @@ passed the default 5 s and failed reference solutions. A looping submission cost
 _GRADE_TIMEOUT_S = 150.0
 
 
-def _draft(level: int, index: int, seed: int, seen: set[str]) -> _Draft:
-    """The task at (level, index): the first draw that is usable and unlike every earlier task."""
+def _task(task_id: str, level: int, seed: int, draft: _Draft) -> TaskSpec:
+    return TaskSpec(
+        id=task_id,
+        prompt=draft.prompt,
+        files=draft.files,
+        visible_tests=draft.visible_tests,
+        hidden_calls=[
+            CallCheck.build(check.module, check.function, list(args), expected=expected)
+            for check in draft.checks
+            for args, expected in check.cases
+        ],
+        limits=TaskLimits(max_steps=_MAX_STEPS[level], call_timeout_s=_CALL_TIMEOUT_S, grade_timeout_s=_GRADE_TIMEOUT_S),
+        metadata={"level": level, "kind": draft.kind, "split": split_of(task_id), "seed": seed, "solution": draft.solution},
+    )
+
+
+def _draw(level: int, index: int, seed: int, seen: set[str]) -> TaskSpec:
+    """The task at (level, index): the first draw that is usable, unlike every earlier task, and
+    passes the validity gate's host side (no trivial baseline earns reward, e.g. an identity that
+    the drawn inputs never tell apart from the spec)."""
+    task_id = f"{SUITE}/l{level}/{index:04d}"
     for attempt in range(_ATTEMPTS):
         try:
             draft = _GENERATORS[level](random.Random(f"{seed}:{level}:{index}:{attempt}"))
         except _Redraw:
             continue
         key = json.dumps([draft.prompt, draft.files], sort_keys=True)
-        if key not in seen:
+        if key in seen:
+            continue
+        task = _task(task_id, level, seed, draft)
+        if host_validity(task).valid:
             seen.add(key)
-            return draft
+            return task
     raise RuntimeError(f"warmup level {level} task {index}: no usable draw in {_ATTEMPTS} attempts (seed {seed})")
 
 
 def generate(seed: int = DEFAULT_SEED, sizes: Mapping[int, int] = LEVEL_SIZES) -> list[TaskSpec]:
     """The suite's tasks, level by level; the same list for the same seed and sizes."""
     seen: set[str] = set()
-    tasks = []
-    for level, size in sizes.items():
-        for index in range(size):
-            draft = _draft(level, index, seed, seen)
-            task_id = f"{SUITE}/l{level}/{index:04d}"
-            tasks.append(TaskSpec(
-                id=task_id,
-                prompt=draft.prompt,
-                files=draft.files,
-                visible_tests=draft.visible_tests,
-                hidden_calls=[
-                    CallCheck.build(check.module, check.function, list(args), expected=expected)
-                    for check in draft.checks
-                    for args, expected in check.cases
-                ],
-                limits=TaskLimits(max_steps=_MAX_STEPS[level], call_timeout_s=_CALL_TIMEOUT_S, grade_timeout_s=_GRADE_TIMEOUT_S),
-                metadata={"level": level, "kind": draft.kind, "split": split_of(task_id), "seed": seed,
-                          "solution": draft.solution},
-            ))
-    return tasks
+    return [_draw(level, index, seed, seen) for level, size in sizes.items() for index in range(size)]
 
 
 class WarmupSuite(StaticSuite):
