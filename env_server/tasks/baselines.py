@@ -41,6 +41,8 @@ MAX_VISIBLE_VALUES = 2000
 """At most this many distinct visible values are tried as constant answers (the first found)."""
 
 _DOCTEST_CALL = re.compile(r"^\s*>>>\s*(.+)$")
+_NUMBER = re.compile(r"(?<![\w.])-?\d{1,30}(?:\.\d{1,30})?(?!\w|\.\d)")
+_QUOTED = re.compile(r"'[^'\n]{0,200}'|\"[^\"\n]{0,200}\"|`([^`\n]{1,200})`")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)```", re.DOTALL)
 _STUB_EXCEPTION = "NotImplementedError"
 
@@ -112,6 +114,13 @@ def visible_info(task: TaskSpec) -> VisibleInfo:
     return seen
 
 
+def _literal_text(text: str) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return False, None
+
+
 def _literal(node: ast.AST) -> tuple[bool, Any]:
     try:
         return True, ast.literal_eval(node)
@@ -150,7 +159,14 @@ def _read_tree(tree: ast.AST, seen: VisibleInfo) -> None:
 
 
 def _read_prose(text: str, seen: VisibleInfo) -> None:
-    """Doctest lines (`>>> f(x)` then the result) and `f(x) == y` / `f(x) -> y` pieces of prose."""
+    """Numbers, quoted and back-quoted literals, doctest lines (`>>> f(x)` then the result) and
+    `f(x) == y` / `f(x) -> y` pieces of prose."""
+    for number in _NUMBER.findall(text):
+        seen.add(float(number) if "." in number else int(number))
+    for quoted in _QUOTED.finditer(text):
+        known, value = _literal_text(quoted.group(1) or quoted.group(0))
+        if known:
+            seen.add(value)
     lines = text.splitlines()
     for index, line in enumerate(lines):
         doctest = _DOCTEST_CALL.match(line)
@@ -163,13 +179,32 @@ def _read_prose(text: str, seen: VisibleInfo) -> None:
                     _read_expression_pair(left.strip(" `\t:"), right.strip(" `\t.:"), seen)
 
 
+_PIECE_CHARS = 200
+"""How far around an `==` or `->` the prose reader looks for the call and its result."""
+
+
+def _expression(text: str, *, from_end: bool) -> ast.expr | None:
+    """The longest expression ending (`from_end`) or starting at an end of `text`, cut at spaces:
+    `Examples: f(2)` gives `f(2)`, `4 (twice 2)` gives `4`."""
+    text = text[-_PIECE_CHARS:] if from_end else text[:_PIECE_CHARS]
+    cuts = [index + 1 for index, char in enumerate(text) if char == " "] if from_end else [
+        index for index, char in enumerate(text) if char == " "
+    ]
+    candidates = [text, *(text[cut:] for cut in cuts)] if from_end else [text, *(text[:cut] for cut in reversed(cuts))]
+    for candidate in candidates:
+        try:
+            return ast.parse(candidate.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    return None
+
+
 def _read_expression_pair(call_text: str, result_text: str, seen: VisibleInfo) -> None:
-    try:
-        call = ast.parse(call_text[-2000:].lstrip(), mode="eval").body
-        result = ast.parse(result_text[:2000], mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    call, result = _expression(call_text, from_end=True), _expression(result_text, from_end=False)
+    if result is None:
         return
-    _record_example(call, result, seen)
+    if call is not None:
+        _record_example(call, result, seen)
     known, value = _literal(result)
     if known:
         seen.add(value)
@@ -215,7 +250,8 @@ def _score(task: TaskSpec, answer: Answer) -> float:
     return task.reward_for(passed, len(task.hidden_calls))
 
 
-def _constant_reward(task: TaskSpec, value: Any) -> float:
+def constant_reward(task: TaskSpec, value: Any) -> float:
+    """The reward a submission that returns `value` from every hidden call would get."""
     return _score(task, lambda index, check: _returned(value, check, index))
 
 
@@ -259,10 +295,10 @@ def call_table_baselines(task: TaskSpec, seen: VisibleInfo | None = None) -> lis
 
     common = most_common_hidden_output(task)
     scores = [
-        _worst("default", ((repr(value), _constant_reward(task, value)) for value in TYPE_DEFAULTS)),
+        _worst("default", ((repr(value), constant_reward(task, value)) for value in TYPE_DEFAULTS)),
         _worst("identity", ((f"argument {which}", argument(which)) for which in [*sorted(positions), *sorted(keywords)])),
-        _worst("shown_output", ((repr(value)[:60], _constant_reward(task, value)) for value in seen.values.values())),
-        BaselineScore(name="most_common_hidden", reward=_constant_reward(task, common), variant=repr(common)[:60]),
+        _worst("shown_output", ((repr(value)[:60], constant_reward(task, value)) for value in seen.values.values())),
+        BaselineScore(name="most_common_hidden", reward=constant_reward(task, common), variant=repr(common)[:60]),
         _lookup_baseline(task, seen, decoded),
         _worst("raises", ((name, _raising_reward(task, name)) for name in _exception_names(task))),
     ]

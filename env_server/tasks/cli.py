@@ -8,10 +8,14 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from env_server.tasks import TaskRegistry, default_cache_dir, default_registry
 from env_server.tasks.splits import SPLITS
+
+if TYPE_CHECKING:  # the gate's module imports the grader; only `validate` needs it
+    from env_server.tasks.validation import Validity
 
 
 def _clear_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -60,18 +64,68 @@ def show_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample(ids: list[str], size: str) -> list[str]:
+    """`size` ids spread evenly over `ids` (every one for `all`), the same on every run."""
+    if size == "all":
+        return ids
+    count = int(size)
+    if count < 0:
+        raise ValueError(f"--sample must be a count >= 0 or 'all', not {size!r}")
+    step = len(ids) / count if count else 0
+    return [ids[int(index * step)] for index in range(min(count, len(ids)))]
+
+
+def _verdict_line(verdict: Validity, served: bool) -> str:
+    shown = " ".join(f"{score.name}={score.reward:.2f}" for score in verdict.baselines)
+    reference = "" if verdict.reference is None else f" reference={verdict.reference:.2f}"
+    status = "ok  " if verdict.valid else "FAIL"
+    problems = f"\t{'; '.join(verdict.problems)}" if verdict.problems else ""
+    return f"{status} {verdict.task_id}{'' if served else ' (not served)'}\t{shown}{reference}{problems}"
+
+
 def validate_tasks(args: argparse.Namespace) -> int:
-    """Grade each task's reference solution (must score 1.0) and its untouched workspace (< 1.0)."""
-    from env_server.tasks.validation import validate
+    """The validity gate over tasks: the host-side baselines of every task (call tables), and the real
+    grader (reference 1.0; untouched, emptied and delete-the-body 0) on a sample or on every task."""
+    from env_server.tasks import StaticSuite
+    from env_server.tasks.validation import host_validity, validate
+    from sandbox import SandboxSpec, open_sandbox
 
     registry = _registry(args)
-    ids = args.task_ids or registry.ids(args.suite)
-    failures = 0
-    for outcome in validate(registry, ids, backend=args.backend):
-        failures += not outcome.ok
-        print(f"{'ok  ' if outcome.ok else 'FAIL'} {outcome.task_id}\t{outcome.detail}")
-    print(f"{len(ids) - failures}/{len(ids)} valid")
-    return 1 if failures else 0
+    if args.task_ids:
+        groups = {"(given)": (list(args.task_ids), {})}
+        sample = "all" if args.sample is None else args.sample
+    else:
+        suites = [args.suite] if args.suite else registry.suites()
+        groups = {}
+        for name in suites:
+            suite = registry.suite(name)
+            groups[name] = (registry.ids(name), suite.rejected if isinstance(suite, StaticSuite) else {})
+        sample = args.sample or "10"
+    invalid_served = 0
+    for name, (ids, rejected) in groups.items():
+        for verdict in rejected.values():
+            print(_verdict_line(verdict, served=False))
+        host = {task_id: host_validity(registry.get(task_id)) for task_id in ids}
+        rewarded = [task_id for task_id, verdict in host.items() if any(score.reward > 0 for score in verdict.baselines)]
+        for task_id, verdict in host.items():
+            if args.verbose or not verdict.valid:
+                print(_verdict_line(verdict, served=True))
+        graded_ids = _sample(ids, sample)
+        graded_invalid = 0
+        if graded_ids:
+            with open_sandbox(SandboxSpec(), backend=args.backend) as sandbox:
+                for verdict in validate((registry.get(task_id) for task_id in graded_ids), sandbox):
+                    graded_invalid += not verdict.valid
+                    print(_verdict_line(verdict, served=True), flush=True)
+        invalid_served += sum(not verdict.valid for verdict in host.values()) + graded_invalid
+        built = len(ids) + len(rejected)
+        print(
+            f"suite {name}: {built} tasks built, {len(rejected)} rejected by the gate, {len(ids)} served; "
+            f"trivially rewarded among served: {len(rewarded)} ({len(rewarded) / max(len(ids), 1):.1%}); "
+            f"graded through the real grader: {len(graded_ids) - graded_invalid}/{len(graded_ids)} valid",
+            flush=True,
+        )
+    return 1 if invalid_served else 0
 
 
 def generate_tasks(args: argparse.Namespace) -> int:
@@ -116,9 +170,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--with-metadata", action="store_true", help="include metadata (reference solutions)")
     show.set_defaults(func=_clear_errors(show_task))
 
-    validate = commands.add_parser("validate", help="reference solution scores 1.0, untouched workspace less")
-    validate.add_argument("task_ids", nargs="*", help="tasks to validate (default: all of --suite)")
-    validate.add_argument("--suite", help="validate a whole suite")
+    validate = commands.add_parser(
+        "validate", help="the validity gate: no trivial baseline earns reward, the reference scores 1.0 (docs/decisions/053)"
+    )
+    validate.add_argument("task_ids", nargs="*", help="tasks to validate, every one graded (default: every suite, or --suite)")
+    validate.add_argument("--suite", help="validate one suite")
+    validate.add_argument(
+        "--sample", help="tasks per suite that also go through the real grader: a count (default 10) or 'all'; "
+        "the host-side baselines always cover every task"
+    )
+    validate.add_argument("--verbose", "-v", action="store_true", help="a line for every task, not only the invalid and the graded")
     validate.add_argument("--backend", choices=["docker", "local"], default="docker")
     validate.set_defaults(func=_clear_errors(validate_tasks))
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
+from env_server.tasks.validation import host_validity
 
 SUITE = "codeio"
 VISIBLE_TEST_PATH = "test_example.py"
@@ -172,8 +173,13 @@ def generate(n: int, seed: int, workers: int = 2) -> list[CodeIOCases]:
             batch = order[cursor : cursor + (n - len(generated)) + workers]
             cursor += len(batch)
             for index, cases in zip(batch, pool.map(lambda i: run_reference(records[i], seed + i), batch), strict=True):
-                if cases is not None and len(generated) < n:
-                    generated.append(CodeIOCases(index=index, cases=cases))
+                if cases is None or len(generated) >= n:
+                    continue
+                candidate = CodeIOCases(index=index, cases=cases)
+                # Programs whose generated inputs all give one output (or echo an input) would pay a
+                # constant: the validity gate refuses them here, so the suite keeps its size.
+                if host_validity(task_from_cases(records[index], candidate)).valid:
+                    generated.append(candidate)
     return sorted(generated, key=lambda item: item.index)
 
 
@@ -200,8 +206,12 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
     )
 
 
+CACHE_VERSION = 2
+"""Bumped when generation changes what it keeps (2: only tasks that pass the validity gate)."""
+
+
 def cache_path(cache_dir: Path, seed: int = 0) -> Path:
-    return cache_dir / f"codeio-seed{seed}.jsonl"
+    return cache_dir / f"codeio-seed{seed}-v{CACHE_VERSION}.jsonl"
 
 
 def write_cache(path: Path, generated: list[CodeIOCases]) -> None:

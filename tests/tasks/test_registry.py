@@ -59,16 +59,29 @@ def test_codeio_reads_its_cache_and_never_ships_the_reference(tmp_path: Path) ->
 
     records = read_records()
     index = next(i for i, r in enumerate(records) if "numpy" not in r["code_sample"] and "def main_solution(" in r["code_sample"])
-    cases = [({"x": 1}, 2), ({"x": 2}, 3)]
+    cases = [({"x": 1}, 2), ({"x": 2}, 3), ({"x": 5}, 6)]
     write_cache(cache_path(tmp_path), [CodeIOCases(index=index, cases=cases)])
     (task_id,) = CodeIOSuite(tmp_path).ids()
     task = CodeIOSuite(tmp_path).get(task_id)
     shipped = "".join(task.files.values()) + "".join(task.visible_tests.values())
     reference_body = records[index]["code_sample"].split("def main_solution", 1)[1].split(":", 1)[1]
     assert reference_body.strip()[:40] not in shipped
-    (check,) = task.hidden_calls
-    assert (check.function, check.kwargs, check.expected) == ("main_solution", {"x": ["int", 2]}, ["int", 3])
+    first, _ = task.hidden_calls
+    assert (first.function, first.kwargs, first.expected) == ("main_solution", {"x": ["int", 2]}, ["int", 3])
     assert '"x": 2' not in shipped and not task.hidden_tests
+
+
+def test_a_cached_codeio_task_a_constant_would_pass_is_not_served(tmp_path: Path) -> None:
+    from env_server.tasks.codeio import read_records
+
+    records = read_records()
+    index = next(i for i, r in enumerate(records) if "numpy" not in r["code_sample"] and "def main_solution(" in r["code_sample"])
+    write_cache(cache_path(tmp_path), [CodeIOCases(index=index, cases=[({"x": 1}, 0), ({"x": 2}, 0), ({"x": 3}, 0)])])
+    suite = CodeIOSuite(tmp_path)
+    assert suite.ids() == []
+    (task_id,) = suite.rejected
+    with pytest.raises(KeyError, match="not served: baseline default"):
+        suite.get(task_id)
 
 
 def test_cli_lists_at_least_500_tasks_offline(capsys: pytest.CaptureFixture[str]) -> None:
