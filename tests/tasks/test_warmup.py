@@ -19,7 +19,7 @@ from env_server.tasks import default_registry, warmup
 from env_server.tasks.cli import main
 from env_server.tasks.splits import split_of
 from env_server.tasks.validation import validate
-from sandbox import Sandbox
+from sandbox import Sandbox, SandboxSpec, open_sandbox
 
 _RAISED = object()
 
@@ -131,9 +131,11 @@ def _sample(tasks: list[TaskSpec]) -> list[str]:
 def test_a_sample_validates_through_the_real_grader(tasks: list[TaskSpec]) -> None:
     ids = _sample(tasks)
     assert len(ids) == 11
-    outcomes = list(validate(default_registry(), ids))
-    assert [o.task_id for o in outcomes if not o.ok] == [], [o.detail for o in outcomes if not o.ok]
-    assert all(o.detail.startswith("untouched=0.00 ") for o in outcomes), [o.detail for o in outcomes]
+    registry = default_registry()
+    with open_sandbox(SandboxSpec(), backend="docker") as sandbox:
+        verdicts = list(validate((registry.get(task_id) for task_id in ids), sandbox))
+    assert [v.task_id for v in verdicts if not v.valid] == [], [v.problems for v in verdicts if not v.valid]
+    assert all(v.reference == 1.0 and v.baseline("untouched") == 0.0 for v in verdicts)
 
 
 @pytest.mark.docker
