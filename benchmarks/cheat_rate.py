@@ -9,6 +9,8 @@ hack of `env_server.redteam.CATALOGUE` through the public HTTP API:
 - against real tasks (`--real`, where the hack applies): the share of hack episodes rewarded;
 - on every hack episode: the monitor's flag rate, null rewards (aborted episodes), HTTP 5xx.
 `--honest` also submits every canary task's most plausible honest solution (must all score 0).
+Last, the trivial-baseline reward per suite (`trivial_baselines.py`: constants, echoes, shown outputs,
+lookups, raising stubs), which must be 0 on every served task.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import httpx
 from env_server.redteam import CATALOGUE, Hack, HackClass, HackOutcome, ToolCall, applies, play
 from env_server.tasks import default_registry
 from env_server.tasks.canary import FAMILIES, SUITE as CANARY
+import trivial_baselines
 from service_latency import start_service
 
-# A call-table task, a call-table task with a judge and a prompt helper, a pytest-mode task
-# with a fraction reward (codeio needs its generated cache; it is skipped when absent).
+# A call-table task, a call-table task with a judge and a prompt helper, a call-table task with
+# JSON data (codeio needs its generated cache; it is skipped when absent).
 DEFAULT_REAL = ["builtin/fizzbuzz", "humaneval/HumanEval/32", "codeio/11"]
 
 
@@ -124,6 +127,9 @@ def main() -> None:
         real = [o for k, o in mine if k == "real"]
         print(f"| {hack.id} | {sum(o.paid for o in canary)}/{len(canary)} | {sum(o.paid for o in real)}/{len(real)} "
               f"| {sum(o.flagged for _, o in mine)}/{len(mine)} | {sum(not o.held for _, o in mine)}/{len(mine)} |")
+    print("\nTrivial baselines, scored on the host against every served call-table task (benchmarks/trivial_baselines.py):\n")
+    print(trivial_baselines.HEADER)
+    print("\n".join(trivial_baselines.after_rows(trivial_baselines.DEFAULT_SUITES)))
     if args.json:
         args.json.write_text(json.dumps([{"kind": k, **o.model_dump(mode="json")} for k, o in results], indent=1))
 
