@@ -41,6 +41,8 @@ class StaticSuite:
         # Imported here: the gate's module imports the grader, which listing suite names never needs.
         from env_server.tasks.validation import Validity, host_validity
 
+        self.gated = gated
+        """Whether the gate applies (`coding-env tasks validate` skips a suite that opted out)."""
         verdicts = {task.id: host_validity(task) if gated else Validity(task_id=task.id, valid=True) for task in tasks}
         self._tasks = {task.id: task for task in tasks if verdicts[task.id].valid}
         self.rejected: dict[str, Validity] = {task_id: verdict for task_id, verdict in verdicts.items() if not verdict.valid}

@@ -99,6 +99,9 @@ def validate_tasks(args: argparse.Namespace) -> int:
         groups = {}
         for name in suites:
             suite = registry.suite(name)
+            if isinstance(suite, StaticSuite) and not suite.gated:
+                print(f"suite {name}: not gated (its tasks must not be solvable), skipped")
+                continue
             groups[name] = (registry.ids(name), suite.rejected if isinstance(suite, StaticSuite) else {})
         sample = args.sample or "10"
     invalid_served = 0
