@@ -54,8 +54,11 @@ def run():
     rng = random.Random(record["seed"])
     cases = []
     for _ in range(record["cases"]):
-        inputs = json.loads(json.dumps(scope["generate_inputs"](rng)))
-        output = json.loads(json.dumps(scope["main_solution"](**inputs)))
+        text = json.dumps(scope["generate_inputs"](rng))
+        inputs = json.loads(text)
+        # A fresh copy for the call: a program that mutates its input (pops a matrix's rows) must
+        # not change the inputs recorded for grading.
+        output = json.loads(json.dumps(scope["main_solution"](**json.loads(text))))
         cases.append([inputs, output])
     return cases
 first, second = run(), run()
@@ -136,26 +139,36 @@ def eligible(records: list[dict[str, Any]]) -> Iterator[int]:
             yield index
 
 
-def run_reference(record: dict[str, Any], seed: int) -> list[tuple[dict[str, Any], Any]] | None:
-    """Cases computed by the reference in a child interpreter, or None if it is unusable."""
-    payload = json.dumps({**record, "seed": seed, "cases": CASES_PER_TASK})
+def _run_once(payload: str, hash_seed: str) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory() as scratch:
         try:
             completed = subprocess.run(
                 [sys.executable, "-I", "-c", _RUNNER], input=payload, capture_output=True, text=True,
-                timeout=RUN_TIMEOUT_S, cwd=scratch,
+                timeout=RUN_TIMEOUT_S, cwd=scratch, env={"PYTHONHASHSEED": hash_seed},
             )
         except subprocess.TimeoutExpired:
             return None
     if completed.returncode != 0 or not completed.stdout.strip():
         return None
     try:
-        result = json.loads(completed.stdout.strip().splitlines()[-1])
+        return json.loads(completed.stdout.strip().splitlines()[-1])
     except ValueError:
         return None
-    cases = result["cases"]
+
+
+def run_reference(record: dict[str, Any], seed: int) -> list[tuple[dict[str, Any], Any]] | None:
+    """Cases computed by the reference in a child interpreter, or None if it is unusable.
+
+    It runs in two interpreters with different string-hash seeds (and twice in each): a program
+    whose output follows set or dict order of strings gives other answers in the grading sandbox,
+    where its reference would score 0."""
+    payload = json.dumps({**record, "seed": seed, "cases": CASES_PER_TASK})
+    runs = [_run_once(payload, hash_seed) for hash_seed in ("1", "2")]
+    if any(run is None or not run["deterministic"] for run in runs) or runs[0]["cases"] != runs[1]["cases"]:
+        return None
+    cases = runs[0]["cases"]
     distinct_inputs = {json.dumps(inputs, sort_keys=True) for inputs, _ in cases}
-    if not result["deterministic"] or len(distinct_inputs) < 2:
+    if len(distinct_inputs) < 2:
         return None
     return [(inputs, output) for inputs, output in cases]
 
@@ -206,8 +219,9 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
     )
 
 
-CACHE_VERSION = 2
-"""Bumped when generation changes what it keeps (2: only tasks that pass the validity gate)."""
+CACHE_VERSION = 3
+"""Bumped when generation changes what it keeps (2: only tasks that pass the validity gate;
+3: only programs whose outputs do not follow string-hash order, inputs recorded before the call)."""
 
 
 def cache_path(cache_dir: Path, seed: int = 0) -> Path:

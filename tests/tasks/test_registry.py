@@ -116,3 +116,25 @@ def test_cli_list_into_a_pipe_closed_early_exits_cleanly() -> None:
     listing.stdout.close()
     assert listing.wait(timeout=120) == 0
     assert listing.stderr is not None and listing.stderr.read() == b""
+
+
+def _codeio_record(code: str) -> dict[str, str]:
+    generator = "def generate_inputs(rng):\n    return {'words': [rng.choice('abcdefgh') * rng.randint(1, 3) for _ in range(6)]}\n"
+    return {"input_generator": generator, "code_sample": code}
+
+
+def test_codeio_refuses_programs_whose_output_follows_string_hash_order() -> None:
+    from env_server.tasks.codeio import run_reference
+
+    hash_ordered = "def main_solution(words):\n    return list(set(words))\n"
+    assert run_reference(_codeio_record(hash_ordered), seed=1) is None
+    assert run_reference(_codeio_record("def main_solution(words):\n    return sorted(set(words))\n"), seed=1) is not None
+
+
+def test_codeio_records_inputs_as_they_were_before_the_call() -> None:
+    from env_server.tasks.codeio import run_reference
+
+    mutating = "def main_solution(words):\n    first = words.pop(0)\n    return first + str(len(words))\n"
+    cases = run_reference(_codeio_record(mutating), seed=1)
+    assert cases is not None
+    assert all(len(inputs["words"]) == 6 and output == inputs["words"][0] + "5" for inputs, output in cases)
