@@ -132,16 +132,20 @@ def validate_tasks(args: argparse.Namespace) -> int:
 
 
 def generate_tasks(args: argparse.Namespace) -> int:
+    from sandbox import SandboxSpec, open_sandbox
+
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     if args.generator == "codeio":
         from env_server.tasks import codeio
+        from env_server.tasks.validation import validate_task
 
-        generated = codeio.generate(args.n, args.seed)
+        # Every candidate through the whole gate, the real grader included (a few seconds each).
+        with open_sandbox(SandboxSpec(), backend=args.backend) as sandbox:
+            generated = codeio.generate(args.n, args.seed, accept=lambda task: validate_task(task, sandbox).valid)
         codeio.write_cache(codeio.cache_path(cache_dir, args.seed), generated)
         print(f"codeio: {len(generated)} tasks -> {codeio.cache_path(cache_dir, args.seed)}")
         return 0
     from env_server.tasks import feature_deletion
-    from sandbox import SandboxSpec, open_sandbox
 
     if not args.project:
         print("feature-deletion needs --project NAME==VERSION or a local sdist", file=sys.stderr)

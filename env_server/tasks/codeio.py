@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +173,13 @@ def run_reference(record: dict[str, Any], seed: int) -> list[tuple[dict[str, Any
     return [(inputs, output) for inputs, output in cases]
 
 
-def generate(n: int, seed: int, workers: int = 2) -> list[CodeIOCases]:
-    """Up to `n` tasks, candidates tried in a seed-determined order; deterministic for a seed."""
+def generate(
+    n: int, seed: int, workers: int = 2, accept: Callable[[TaskSpec], bool] = lambda task: host_validity(task).valid
+) -> list[CodeIOCases]:
+    """Up to `n` tasks, candidates tried in a seed-determined order; deterministic for a seed and
+    `accept`. Every candidate must pass `accept`: by default the validity gate's host side (programs
+    whose generated inputs all give one output, or echo an input, would pay a constant), and with a
+    sandbox (`coding-env tasks generate codeio`) the whole gate through the real grader."""
     records = read_records()
     order = list(eligible(records))
     random.Random(seed).shuffle(order)
@@ -189,9 +194,7 @@ def generate(n: int, seed: int, workers: int = 2) -> list[CodeIOCases]:
                 if cases is None or len(generated) >= n:
                     continue
                 candidate = CodeIOCases(index=index, cases=cases)
-                # Programs whose generated inputs all give one output (or echo an input) would pay a
-                # constant: the validity gate refuses them here, so the suite keeps its size.
-                if host_validity(task_from_cases(records[index], candidate)).valid:
+                if accept(task_from_cases(records[index], candidate)):
                     generated.append(candidate)
     return sorted(generated, key=lambda item: item.index)
 

@@ -138,3 +138,11 @@ def test_codeio_records_inputs_as_they_were_before_the_call() -> None:
     cases = run_reference(_codeio_record(mutating), seed=1)
     assert cases is not None
     assert all(len(inputs["words"]) == 6 and output == inputs["words"][0] + "5" for inputs, output in cases)
+
+
+@pytest.mark.docker
+def test_codeio_generation_keeps_only_what_the_real_grader_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tasks", "--cache-dir", str(tmp_path), "generate", "codeio", "--n", "2"]) == 0
+    assert "codeio: 2 tasks" in capsys.readouterr().out
+    suite = CodeIOSuite(tmp_path, n=2)
+    assert len(suite.ids()) == 2 and not suite.rejected
