@@ -150,12 +150,13 @@ def generate_tasks(args: argparse.Namespace) -> int:
     if not args.project:
         print("feature-deletion needs --project NAME==VERSION or a local sdist", file=sys.stderr)
         return 2
+    # Every candidate goes through the validity gate; only valid tasks are written (decision 057).
     for requirement in args.project:
         report = feature_deletion.generate(
             requirement, args.n, args.seed, cache_dir, lambda: open_sandbox(SandboxSpec(), backend=args.backend),
-            log=lambda line: print(line, file=sys.stderr),
+            log=lambda line: print(line, file=sys.stderr, flush=True), max_tries=args.max_tries,
         )
-        print(report.model_dump_json())
+        print(report.model_dump_json(), flush=True)
     return 0
 
 
@@ -193,8 +194,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate = commands.add_parser("generate", help="generate tasks into the cache")
     generate.add_argument("generator", choices=["feature-deletion", "codeio"])
     generate.add_argument("--project", action="append", help="NAME==VERSION of a pure-Python sdist with tests, or a local NAME-VERSION.tar.gz (repeatable)")
-    generate.add_argument("--n", type=int, default=50, help="tasks to generate per project")
+    generate.add_argument("--n", type=int, default=50, help="tasks to generate per project (feature-deletion: valid ones, each through the gate)")
     generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--max-tries", type=int, help="feature-deletion: candidates to try at most per project (default: all)")
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
     generate.set_defaults(func=_clear_errors(generate_tasks))
 

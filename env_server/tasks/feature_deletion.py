@@ -3,12 +3,19 @@
 Generation (`coding-env tasks generate feature-deletion --project NAME==VERSION`):
 1. `pip download --no-binary :all: --no-deps` the sdist (third-party code lives only in the
    cache directory, never in this repository) and keep its text files, minus build metadata.
+   The packages are found at the root (flat layout, single modules like `six.py` included) or
+   under `src/`; tests, docs and build scripts may sit anywhere beside them.
 2. Run the project's tests once in a sandbox: the tests that pass are the baseline.
 3. Candidates are function and method bodies of the package (AST-located; not tests), tried
    in an order fixed by the seed. A candidate's body is replaced by `raise NotImplementedError`
-   (its docstring kept, so the module still imports); the tests run again.
-4. A candidate becomes a task only if the package still imports and at least one baseline
-   test now fails. Those tests are graded; the test files that hold them are hidden.
+   (its docstring kept, so the module still imports); the tests run again. It goes on only if
+   the package still imports and at least one baseline test now fails (those become the graded
+   tests; the test files that hold them are hidden).
+4. Every candidate that goes on is built as the task it would be and put through the validity
+   gate (`validation.validate_task`: the real grader in fresh sandboxes, as the service grades):
+   the reference (the original file) must score 1.0; the untouched and the emptied workspace,
+   and "delete the body" (the body `return None`, or returning its first parameter) must score 0.
+   Only tasks the gate accepts are written (decision 057).
 
 The cache holds, per project, the pristine files once and one JSON line per task.
 """
@@ -16,6 +23,7 @@ The cache holds, per project, the pristine files once and one JSON line per task
 from __future__ import annotations
 
 import ast
+import collections
 import random
 import re
 import subprocess
@@ -31,17 +39,34 @@ from pydantic import BaseModel
 from env_server.grading import GRADE_ENV, parse_junit, pytest_command, tar_files
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
+from env_server.tasks.validation import Validity, validate_task
 from sandbox import Sandbox
 
 SUITE = "feature_deletion"
 MIN_BODY_LINES = 3
 MAX_FILE_BYTES = 512 * 1024
 RUN_TIMEOUT_S = 300.0
+"""The most a test run (or a grading run of a task) may take."""
+MIN_RUN_TIMEOUT_S = 60.0
+RUN_TIMEOUT_FACTOR = 10.0
+"""A candidate's test run, and its task's grading, may take this many times the baseline run
+(at least MIN_RUN_TIMEOUT_S, at most RUN_TIMEOUT_S): a deletion that makes a test loop costs
+minutes, not five minutes per run."""
 # Build metadata and VCS leftovers are no part of the task (an sdist's SOURCES.txt is harmless,
 # but nothing in them is needed to solve or grade it).
 _SKIPPED_PARTS = re.compile(r"(^|/)([^/]+\.egg-info|\.git|__pycache__|build|dist)(/|$)|\.py[co]$")
 _TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
+# Test helpers (`tests/common.py`, `pkg/test/harness.py`) are test code too: never a candidate.
+_TEST_DIRECTORY = re.compile(r"(^|/)(tests?|testing)/")
+_NOT_A_PACKAGE = frozenset({"tests", "test", "testing", "docs", "doc", "documentation", "examples", "example", "benchmarks", "scripts", "bin"})
+_NOT_CANDIDATES = frozenset({"setup.py", "versioneer.py", "conftest.py", "_version.py"})
 _DELETED_BODY = "raise NotImplementedError"
+_CLEAR_WORKSPACE = "find . -mindepth 1 -delete"
+
+
+class ProjectRefused(ValueError):
+    """The project cannot give tasks: no package found, its tests do not run in the sandbox, or
+    the sandbox image already has it installed (its tasks would leak their solution)."""
 
 
 class Project(BaseModel):
@@ -51,7 +76,7 @@ class Project(BaseModel):
     """Distribution name as given, e.g. `toolz`."""
     version: str
     packages: list[str]
-    """Import names of the project's top-level packages (the monitor watches for copies)."""
+    """Import names of the project's top-level packages or modules (the monitor watches for copies)."""
     source_root: str
     """Directory the packages live in, relative to the project root: '' or `src`."""
     files: dict[str, str]
@@ -75,20 +100,42 @@ class DeletionTask(BaseModel):
     """Test files that hold a graded test; the agent does not see them."""
     graded: list[str]
     """Tests that passed before the deletion and fail after it."""
+    grade_timeout_s: float = RUN_TIMEOUT_S
+    """How long grading may run (from the baseline run's time; older caches: RUN_TIMEOUT_S)."""
 
 
 class GenerationReport(BaseModel):
     """What one `generate` call did."""
 
     project: str
+    baseline_tests: int
+    """The project's tests that pass untouched in the sandbox."""
     candidates: int
     """Function bodies available for deletion."""
     tried: int
     """Candidates whose deletion was tested."""
     valid: int
-    """Tasks kept."""
+    """Tasks kept: every one passed the validity gate."""
+    rejected: dict[str, int]
+    """Why tried candidates were not kept, by reason: before the gate (`package does not import`,
+    `no failing test`, `tests time out`), at the gate (`reference not 1.0`, `baseline NAME > 0`,
+    `gate error: ...`). A candidate the gate refuses counts once under each of its reasons."""
     seconds: float
     """Wall-clock time, download and baseline run included."""
+    seconds_per_valid: float | None
+    """`seconds / valid`; None when nothing was kept."""
+
+
+class ProjectRun(BaseModel):
+    """The project's tests run once over the workspace's current state."""
+
+    passed: set[str]
+    failed: set[str]
+    """Failed, errored or skipped."""
+    imports: bool
+    """Every package of the project imports."""
+    timed_out: bool
+    seconds: float
 
 
 _SDIST_SUFFIXES = (".tar.gz", ".tar.bz2", ".tgz")
@@ -114,7 +161,7 @@ def download(requirement: str, into: Path) -> Project:
         archive.extractall(into / "unpacked", filter="data")
     (root,) = list((into / "unpacked").iterdir())
     top_level = sorted(root.glob("**/*.egg-info/top_level.txt"))
-    packages = top_level[0].read_text().split() if top_level else [name.replace("-", "_").lower()]
+    declared = top_level[0].read_text().split() if top_level else [name.replace("-", "_").lower()]
     files: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root).as_posix()
@@ -124,8 +171,37 @@ def download(requirement: str, into: Path) -> Project:
             files[relative] = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-    source_root = "src" if any(path.startswith("src/") for path in files) else ""
+    source_root, packages = find_packages(files, declared)
     return Project(name=name, version=version, packages=packages, source_root=source_root, files=files)
+
+
+def find_packages(files: dict[str, str], declared: list[str]) -> tuple[str, list[str]]:
+    """(source root, import names): the declared names (egg-info's top_level.txt, or the
+    distribution's name) that exist as a package or a module under `src/` or at the root; if
+    none does, every package directory there that is not tests, docs or examples."""
+    for root in ("src", ""):
+        prefix = f"{root}/" if root else ""
+        present = [name for name in declared if f"{prefix}{name}/__init__.py" in files or f"{prefix}{name}.py" in files]
+        if present:
+            return root, present
+    for root in ("src", ""):
+        prefix = f"{root}/" if root else ""
+        found = sorted({
+            path.removeprefix(prefix).split("/")[0] for path in files
+            if path.startswith(prefix) and path.removeprefix(prefix).count("/") == 1 and path.endswith("/__init__.py")
+        } - _NOT_A_PACKAGE)
+        if found:
+            return root, found
+    raise ProjectRefused(f"no package named {declared} (nor any other) under src/ or at the project root")
+
+
+def package_of(project: Project, path: str) -> str | None:
+    """The project package (or single module) that `path` belongs to, None for files beside them."""
+    if project.source_root and not path.startswith(f"{project.source_root}/"):
+        return None
+    parts = PurePosixPath(path.removeprefix(f"{project.source_root}/") if project.source_root else path).parts
+    top = parts[0] if len(parts) > 1 else PurePosixPath(parts[0]).stem if parts[0].endswith(".py") else None
+    return top if top in project.packages else None
 
 
 def test_command(project: Project) -> str:
@@ -134,19 +210,20 @@ def test_command(project: Project) -> str:
 
 
 def is_test_file(path: str) -> bool:
-    return bool(_TEST_FILE.search(path)) or PurePosixPath(path).name == "conftest.py" or "/tests/" in f"/{path}"
+    return bool(_TEST_FILE.search(path) or _TEST_DIRECTORY.search(path)) or PurePosixPath(path).name == "conftest.py"
 
 
 def candidates(project: Project) -> list[tuple[str, str, int, int]]:
     """(path, qualname, first body line, last body line) of deletable bodies, in source order.
 
-    Bodies shorter than MIN_BODY_LINES, on the `def` line, or nested in functions are skipped.
+    Only the project's packages count (not tests, build scripts or docs beside them). Bodies
+    shorter than MIN_BODY_LINES, on the `def` line, or nested in functions are skipped.
     """
     found = []
     for path, text in sorted(project.files.items()):
-        if not path.endswith(".py") or is_test_file(path) or PurePosixPath(path).name in ("setup.py", "versioneer.py"):
+        if not path.endswith(".py") or is_test_file(path) or PurePosixPath(path).name in _NOT_CANDIDATES:
             continue
-        if PurePosixPath(path).relative_to(project.source_root or ".").parts[0] not in project.packages:
+        if package_of(project, path) is None:
             continue
         try:
             tree = ast.parse(text)
@@ -181,21 +258,23 @@ def delete_body(text: str, first: int, last: int) -> str:
     return "".join(lines[: first - 1] + [f"{indent}{_DELETED_BODY}\n"] + lines[last:])
 
 
-def run_tests(sandbox: Sandbox, project: Project, report_name: str) -> tuple[set[str], set[str], bool]:
-    """(passed, not passed, package imports) for the workspace's current state."""
+def run_tests(sandbox: Sandbox, project: Project, report_name: str, timeout_s: float = RUN_TIMEOUT_S) -> ProjectRun:
+    """Every test of the project over the workspace's current state."""
     imports = " && ".join(f"python3 -c 'import {package}'" for package in project.packages)
     prefix = f"cd {project.source_root} && " if project.source_root else ""
     report = f"/tmp/{report_name}.xml"
+    started = time.perf_counter()
     result = sandbox.exec(
-        f"( {prefix}{imports} ) >/dev/null 2>&1; echo imports=$?; "
+        f"rm -f {report}; ( {prefix}{imports} ) >/dev/null 2>&1; echo imports=$?; "
         f"{test_command(project)} --junitxml={report} -o junit_family=xunit2 >/dev/null 2>&1; true",
-        timeout_s=RUN_TIMEOUT_S, env=GRADE_ENV,
+        timeout_s=timeout_s, env=GRADE_ENV,
     )
+    seconds = time.perf_counter() - started
     try:
         passed, failed = parse_junit(sandbox.read_file(report).decode(errors="replace"))
     except FileNotFoundError:
         passed, failed = [], []
-    return set(passed), set(failed), "imports=0" in result.stdout
+    return ProjectRun(passed=set(passed), failed=set(failed), imports="imports=0" in result.stdout, timed_out=result.timed_out, seconds=seconds)
 
 
 def _test_file_for(test_id: str, test_files: list[str]) -> str | None:
@@ -205,11 +284,36 @@ def _test_file_for(test_id: str, test_files: list[str]) -> str | None:
     return max(matches, key=len) if matches else None
 
 
+def _restore(sandbox: Sandbox, project: Project) -> None:
+    """The workspace holds the pristine project again, and nothing else."""
+    sandbox.exec(_CLEAR_WORKSPACE)
+    sandbox.put_archive(tar_files(project.files), ".")
+
+
+def rejection_reasons(verdict: Validity) -> list[str]:
+    """The gate's verdict as rejection reasons (empty when valid)."""
+    reasons = [f"baseline {score.name} > 0" for score in verdict.baselines if score.reward > 0]
+    if verdict.reference != 1.0:
+        reasons.append("reference not 1.0")
+    if not reasons and not verdict.valid:
+        reasons.extend(verdict.problems)
+    return reasons
+
+
+def _verdict_text(verdict: Validity) -> str:
+    scores = " ".join(f"{score.name}={score.reward:.2f}" for score in verdict.baselines)
+    reference = "none" if verdict.reference is None else f"{verdict.reference:.2f}"
+    problems = f"; {'; '.join(verdict.problems)}" if verdict.problems else ""
+    return f"reference={reference} {scores}{problems}"
+
+
 def generate(
     requirement: str, n: int, seed: int, cache_dir: Path, open_sandbox: Callable[[], Sandbox],
-    log: Callable[[str], None] = lambda _: None,
+    log: Callable[[str], None] = lambda _: None, max_tries: int | None = None,
 ) -> GenerationReport:
-    """Generate up to `n` tasks for one project into `cache_dir`; deterministic for a seed."""
+    """Generate up to `n` gate-valid tasks for one project into `cache_dir`, trying at most
+    `max_tries` candidates (default: all); deterministic for a seed. Raises ProjectRefused when
+    the project cannot give tasks."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         project = download(requirement, Path(scratch))
@@ -218,36 +322,64 @@ def generate(
     order = list(range(len(pool)))
     random.Random(seed).shuffle(order)
     tasks: list[DeletionTask] = []
+    rejected: collections.Counter[str] = collections.Counter()
     tried = 0
     with open_sandbox() as sandbox:
         probe = sandbox.exec(" || ".join(f"python3 -c 'import {p}' 2>/dev/null" for p in project.packages) + " && echo present")
         if "present" in probe.stdout:
-            raise RuntimeError(f"{project.packages} is importable in the sandbox image; its tasks would leak their solution")
+            raise ProjectRefused(f"{project.packages} is importable in the sandbox image; its tasks would leak their solution")
         sandbox.put_archive(tar_files(project.files), ".")
-        baseline, broken, imports = run_tests(sandbox, project, "baseline")
-        if not baseline or not imports:
-            raise RuntimeError(f"{requirement}: the tests do not run in the sandbox ({len(baseline)} passed, {len(broken)} failed)")
-        log(f"{project.key}: baseline {len(baseline)} passed, {len(broken)} not; {len(pool)} candidates")
+        baseline = run_tests(sandbox, project, "baseline")
+        if not baseline.passed or not baseline.imports:
+            raise ProjectRefused(
+                f"{requirement}: the tests do not run in the sandbox ({len(baseline.passed)} passed, {len(baseline.failed)} failed"
+                f"{', the package does not import' if not baseline.imports else ''})"
+            )
+        timeout_s = min(RUN_TIMEOUT_S, max(MIN_RUN_TIMEOUT_S, RUN_TIMEOUT_FACTOR * baseline.seconds))
+        log(f"{project.key}: baseline {len(baseline.passed)} passed, {len(baseline.failed)} not, "
+            f"{baseline.seconds:.1f} s; {len(pool)} candidates")
         for position in order:
-            if len(tasks) >= n:
+            if len(tasks) >= n or (max_tries is not None and tried >= max_tries):
                 break
+            tried += 1
             path, qualname, first, last = pool[position]
             modified = delete_body(project.files[path], first, last)
             sandbox.write_file(path, modified)
-            passed, failed, imports = run_tests(sandbox, project, f"candidate-{position}")
+            run = run_tests(sandbox, project, f"candidate-{position}", timeout_s)
             sandbox.write_file(path, project.files[path])
-            tried += 1
-            graded = sorted(baseline - passed)
+            graded = sorted(baseline.passed - run.passed)
             hidden = sorted({file for test in graded if (file := _test_file_for(test, test_files))})
-            if imports and graded and hidden:
-                tasks.append(DeletionTask(path=path, qualname=qualname, modified=modified, hidden=hidden, graded=graded))
-                log(f"  kept {path}:{qualname} ({len(graded)} tests fail)")
+            if run.timed_out:
+                reasons = ["tests time out"]
+            elif not run.imports:
+                reasons = ["package does not import"]
+            elif not graded or not hidden:
+                reasons = ["no failing test"]
+            else:
+                task = DeletionTask(path=path, qualname=qualname, modified=modified, hidden=hidden, graded=graded, grade_timeout_s=timeout_s)
+                try:
+                    verdict = validate_task(task_spec(project, task), sandbox)
+                    reasons, detail = rejection_reasons(verdict), _verdict_text(verdict)
+                except Exception as error:  # one candidate the gate cannot check is refused; the sweep goes on
+                    if not sandbox.is_alive():
+                        raise
+                    reasons, detail = [f"gate error: {type(error).__name__}"], str(error)[:200]
+                _restore(sandbox, project)
+                if not reasons:
+                    tasks.append(task)
+                    log(f"  kept {path}:{qualname} ({len(graded)} tests fail; {detail})")
+                    continue
+                log(f"  refused by the gate {path}:{qualname}: {'; '.join(reasons)} ({detail})")
+            rejected.update(reasons)
     directory = cache_dir / SUITE / project.key
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "project.json").write_text(project.model_dump_json())
     (directory / f"tasks-seed{seed}.jsonl").write_text("".join(task.model_dump_json() + "\n" for task in tasks))
-    return GenerationReport(project=project.key, candidates=len(pool), tried=tried, valid=len(tasks),
-                            seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return GenerationReport(
+        project=project.key, baseline_tests=len(baseline.passed), candidates=len(pool), tried=tried, valid=len(tasks),
+        rejected=dict(sorted(rejected.items())), seconds=seconds, seconds_per_valid=seconds / len(tasks) if tasks else None,
+    )
 
 
 def task_spec(project: Project, task: DeletionTask) -> TaskSpec:
@@ -270,7 +402,7 @@ def task_spec(project: Project, task: DeletionTask) -> TaskSpec:
         test_command=test_command(project),
         hidden_tests={path: project.files[path] for path in task.hidden},
         grade_command=test_command(project),
-        limits=TaskLimits(max_steps=40, grade_timeout_s=RUN_TIMEOUT_S),
+        limits=TaskLimits(max_steps=40, grade_timeout_s=task.grade_timeout_s),
         metadata={
             "source": f"{project.name}=={project.version} sdist (see its LICENSE)",
             "package": project.packages[0],
