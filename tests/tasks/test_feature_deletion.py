@@ -1,4 +1,5 @@
-"""Feature deletion: AST-located body removal, and a real generation from an sdist.
+"""Feature deletion: AST-located body removal, package discovery in every layout, and real
+generations from sdists, every candidate through the validity gate (decision 057).
 
 The suite builds its sdist locally; the check against PyPI itself is opt-in
 (`CODING_ENV_NETWORK_TESTS=1`), since tests send no traffic beyond this machine.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 
 from env_server.grading import grade, prepare_workspace
 from env_server.tasks import default_registry
-from env_server.tasks.feature_deletion import Project, candidates, delete_body, generate
+from env_server.tasks.feature_deletion import Project, candidates, delete_body, find_packages, generate
 from sandbox import Sandbox, SandboxSpec, open_sandbox
 
 SOURCE = '''"""A module."""
@@ -49,6 +51,33 @@ PROJECT = Project(name="demo", version="1.0", packages=["demo"], source_root="",
 def test_candidates_are_multi_line_bodies_of_package_code_only() -> None:
     found = [(path, name) for path, name, _, _ in candidates(PROJECT)]
     assert found == [("demo/__init__.py", "Shape.area"), ("demo/__init__.py", "total")]
+
+
+def _package_files(*paths: str) -> dict[str, str]:
+    return {path: SOURCE for path in paths}
+
+
+def test_a_src_layout_with_files_beside_src_finds_its_package_and_only_its_code() -> None:
+    files = _package_files(
+        "src/lib/__init__.py", "src/lib/core.py", "setup.py", "docs/conf.py", "tests/__init__.py", "tests/helpers.py",
+        "tests/test_core.py", "src/lib/tests/test_inner.py", "src/lib/testing/fixtures.py", "tasks.py",
+    )
+    assert find_packages(files, ["lib"]) == ("src", ["lib"])
+    # No egg-info: the distribution's name is not the package's; the directory under src/ is.
+    assert find_packages(files, ["python_lib"]) == ("src", ["lib"])
+    project = Project(name="lib", version="1", packages=["lib"], source_root="src", files=files)
+    assert sorted({path for path, *_ in candidates(project)}) == ["src/lib/__init__.py", "src/lib/core.py"]
+
+
+def test_single_module_and_flat_layouts_find_their_code() -> None:
+    single = _package_files("six.py", "test_six.py", "setup.py", "documentation/conf.py")
+    assert find_packages(single, ["six"]) == ("", ["six"])
+    project = Project(name="six", version="1", packages=["six"], source_root="", files=single)
+    assert {path for path, *_ in candidates(project)} == {"six.py"}
+    flat = _package_files("tab/__init__.py", "test/common.py", "test/test_api.py", "benchmark.py")
+    assert find_packages(flat, ["tab"]) == ("", ["tab"])
+    project = Project(name="tab", version="1", packages=["tab"], source_root="", files=flat)
+    assert {path for path, *_ in candidates(project)} == {"tab/__init__.py"}
 
 
 def test_deleting_a_body_keeps_docstring_signature_and_the_rest_of_the_file() -> None:
@@ -91,13 +120,47 @@ def clamp(x, low, high):
 }
 
 
-def _local_sdist(directory: Path) -> Path:
-    """A real sdist archive of a three-function library with one test file per function."""
-    path = directory / "ministats-0.1.tar.gz"
+# A src layout with files beside src/, and two functions whose tests a trivial body passes:
+# `record`'s test only checks that it returns None, `normalise`'s only feeds it a normal form.
+WEAKCHECKS = {
+    "setup.py": "from setuptools import setup\n\nsetup(name='weakchecks', package_dir={'': 'src'}, packages=['weakchecks'])\n",
+    "docs/conf.py": "def setup(app):\n    app.add_css_file('x.css')\n    app.add_js_file('x.js')\n    return {}\n",
+    "src/weakchecks/__init__.py": '''"""Helpers whose tests check little."""
+
+
+def mean(values):
+    """Arithmetic mean."""
+    total = sum(values)
+    count = len(values)
+    return total / count
+
+
+def record(events, name):
+    """Append `name` to `events`."""
+    events.append(name)
+    events.sort()
+    return None
+
+
+def normalise(text):
+    """Lower case, outer spaces removed."""
+    text = text.strip()
+    text = text.lower()
+    return text
+''',
+    "tests/test_mean.py": "from weakchecks import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 6]) == 3\n",
+    "tests/test_record.py": "from weakchecks import record\n\n\ndef test_record():\n    assert record([], 'x') is None\n",
+    "tests/test_normalise.py": "from weakchecks import normalise\n\n\ndef test_normalise():\n    assert normalise('abc') == 'abc'\n",
+}
+
+
+def _local_sdist(directory: Path, name: str = "ministats-0.1", files: dict[str, str] = MINISTATS) -> Path:
+    """A real sdist archive of `files`."""
+    path = directory / f"{name}.tar.gz"
     with tarfile.open(path, "w:gz") as archive:
-        for name, text in MINISTATS.items():
+        for relative, text in files.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"ministats-0.1/{name}")
+            info = tarfile.TarInfo(f"{name}/{relative}")
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
     return path
@@ -105,7 +168,7 @@ def _local_sdist(directory: Path) -> Path:
 
 def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> None:
     report = generate(requirement, n, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
-    assert report.valid == n and report.tried >= n
+    assert report.valid == n and report.tried >= n and report.seconds_per_valid == report.seconds / n
     (tasks_file,) = (cache / "feature_deletion").glob("*/tasks-seed0.jsonl")
     first_run = tasks_file.read_text()
     registry = default_registry(cache)
@@ -123,6 +186,24 @@ def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> 
 def test_generation_from_a_local_sdist_yields_gradable_tasks(tmp_path: Path) -> None:
     sdist = _local_sdist(tmp_path)
     _generate_and_check(str(sdist), 3, tmp_path / "cache", "ministats")
+
+
+@pytest.mark.docker
+def test_candidates_a_trivial_body_passes_are_not_written(tmp_path: Path) -> None:
+    sdist = _local_sdist(tmp_path, "weakchecks-0.1", WEAKCHECKS)
+    cache = tmp_path / "cache"
+    report = generate(str(sdist), 3, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
+    # Every deletion breaks a test, so all three reach the gate; two are refused there.
+    assert (report.candidates, report.tried, report.valid) == (3, 3, 1)
+    assert report.rejected == {"baseline body:return_none > 0": 1, "baseline body:identity > 0": 1}
+    (tasks_file,) = (cache / "feature_deletion").glob("weakchecks-0.1/tasks-seed0.jsonl")
+    assert [json.loads(line)["qualname"] for line in tasks_file.read_text().splitlines()] == ["mean"]
+    registry = default_registry(cache)
+    (task_id,) = registry.ids("feature_deletion")
+    task = registry.get(task_id)
+    assert task_id == "feature_deletion/weakchecks-0.1/weakchecks.mean" and "docs/conf.py" in task.files
+    with open_sandbox(SandboxSpec(), backend="docker") as sandbox:
+        _check_task(sandbox, task, "weakchecks")
 
 
 @pytest.mark.docker
