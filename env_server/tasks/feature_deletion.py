@@ -330,10 +330,12 @@ def generate(
             raise ProjectRefused(f"{project.packages} is importable in the sandbox image; its tasks would leak their solution")
         sandbox.put_archive(tar_files(project.files), ".")
         baseline = run_tests(sandbox, project, "baseline")
-        if not baseline.passed or not baseline.imports:
+        if not baseline.imports:
+            raise ProjectRefused(f"{requirement}: {project.packages} do not import in the sandbox")
+        if not baseline.passed:
             raise ProjectRefused(
-                f"{requirement}: the tests do not run in the sandbox ({len(baseline.passed)} passed, {len(baseline.failed)} failed"
-                f"{', the package does not import' if not baseline.imports else ''})"
+                f"{requirement}: no test passes in the sandbox ({len(baseline.failed)} failed or errored"
+                f"{'; the sdist may ship no tests' if not baseline.failed else '; missing test dependencies?'})"
             )
         timeout_s = min(RUN_TIMEOUT_S, max(MIN_RUN_TIMEOUT_S, RUN_TIMEOUT_FACTOR * baseline.seconds))
         log(f"{project.key}: baseline {len(baseline.passed)} passed, {len(baseline.failed)} not, "
