@@ -118,7 +118,7 @@ class GenerationReport(BaseModel):
     """Tasks kept: every one passed the validity gate."""
     rejected: dict[str, int]
     """Why tried candidates were not kept, by reason: before the gate (`package does not import`,
-    `no failing test`, `tests time out`), at the gate (`reference not 1.0`, `baseline NAME > 0`,
+    `no failing test`, `failing tests not in test files`, `tests time out`), at the gate (`reference not 1.0`, `baseline NAME > 0`,
     `gate error: ...`). A candidate the gate refuses counts once under each of its reasons."""
     seconds: float
     """Wall-clock time, download and baseline run included."""
@@ -355,8 +355,10 @@ def generate(
                 reasons = ["tests time out"]
             elif not run.imports:
                 reasons = ["package does not import"]
-            elif not graded or not hidden:
+            elif not graded:
                 reasons = ["no failing test"]
+            elif not hidden:
+                reasons = ["failing tests not in test files"]
             else:
                 task = DeletionTask(path=path, qualname=qualname, modified=modified, hidden=hidden, graded=graded, grade_timeout_s=timeout_s)
                 try:
