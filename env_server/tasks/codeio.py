@@ -54,11 +54,12 @@ def run():
     rng = random.Random(record["seed"])
     cases = []
     for _ in range(record["cases"]):
-        text = json.dumps(scope["generate_inputs"](rng))
+        # Strict JSON: an infinity or a NaN would not survive the cache (it is written as null).
+        text = json.dumps(scope["generate_inputs"](rng), allow_nan=False)
         inputs = json.loads(text)
         # A fresh copy for the call: a program that mutates its input (pops a matrix's rows) must
         # not change the inputs recorded for grading.
-        output = json.loads(json.dumps(scope["main_solution"](**json.loads(text))))
+        output = json.loads(json.dumps(scope["main_solution"](**json.loads(text)), allow_nan=False))
         cases.append([inputs, output])
     return cases
 first, second = run(), run()
@@ -222,9 +223,10 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
     )
 
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 """Bumped when generation changes what it keeps (2: only tasks that pass the validity gate;
-3: only programs whose outputs do not follow string-hash order, inputs recorded before the call)."""
+3: only programs whose outputs do not follow string-hash order, inputs recorded before the call;
+4: strict JSON, no infinities)."""
 
 
 def cache_path(cache_dir: Path, seed: int = 0) -> Path:

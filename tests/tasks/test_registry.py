@@ -146,3 +146,11 @@ def test_codeio_generation_keeps_only_what_the_real_grader_validates(tmp_path: P
     assert "codeio: 2 tasks" in capsys.readouterr().out
     suite = CodeIOSuite(tmp_path, n=2)
     assert len(suite.ids()) == 2 and not suite.rejected
+
+
+def test_codeio_refuses_programs_with_values_json_cannot_carry() -> None:
+    from env_server.tasks.codeio import run_reference
+
+    record = {"input_generator": "def generate_inputs(rng):\n    return {'x': rng.randint(1, 9)}\n",
+              "code_sample": "def main_solution(x):\n    return [x, float('inf')]\n"}
+    assert run_reference(record, seed=1) is None
