@@ -26,6 +26,7 @@ import ast
 import builtins
 import collections
 import io
+import random
 import re
 import shlex
 import sys
@@ -40,8 +41,9 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import call_checks
+from env_server import canaries as canaries_module
 from env_server.models import ErrorKind, MonitorFlag, TaskSpec, workspace_path
-from env_server.pytest_guard import NO_SUBREAPER_STATUS, ORPHANS_STATUS
+from env_server.pytest_guard import NO_CONFINEMENT_STATUS, NO_SUBREAPER_STATUS, ORPHANS_STATUS
 from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
@@ -81,7 +83,7 @@ _TAMPER = re.compile(
     re.MULTILINE,
 )
 # Grader internals a report or traceback may name; scrubbed from what the policy can see.
-_GRADER_PATHS = re.compile(r"/tmp/grade-[0-9a-f]{32}[^\s'\"]*")
+_GRADER_PATHS = re.compile(r"/(?:tmp|dev/shm)/grade-[0-9a-f]{32}[^\s'\"]*")
 
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
@@ -186,6 +188,11 @@ class TaskSetupError(RuntimeError):
     """A task's `setup_command` failed: the task, not the agent, is broken."""
 
 
+class GradingUnavailable(RuntimeError):
+    """The grading sandbox lacks what pytest-mode grading needs (e.g. Landlock): the service's
+    fault, not the submission's; graded as a `grading_error` with this reason."""
+
+
 class GradingError(Exception):
     """The submission cannot be graded because of what the workspace holds; the message is
     shown to the policy."""
@@ -267,7 +274,7 @@ def _dropped(path: str, member: tarfile.TarInfo, shipped: set[str]) -> bool:
 def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
     """Keep regular files and directories only, drop what could leak or subvert, restore the
     task's test files (over whatever the agent put at their paths, directories included)."""
-    shipped = set(task.files)
+    shipped = set(task.files) | set(task.visible_tests)
     kept = Submission(files={}, modes={}, directories={}, dropped=[])
     with tarfile.open(fileobj=io.BytesIO(workspace_tar), mode="r:*") as archive:
         for member in archive.getmembers():
@@ -329,7 +336,8 @@ def tamper_flags(submission: Submission, task: TaskSpec) -> list[MonitorFlag]:
         # The verdict is reached outside the process that runs the solution: what its code says
         # about frames, builtins or test files cannot change it, and honest code may say it.
         return sorted(flags)
-    original = {**task.files, **task.hidden_tests}
+    # The whole original tree: the project's own tests and data are never the agent's doing.
+    original = {**task.files, **task.visible_tests, **task.hidden_tests, **task.hidden_files}
     for path, content in submission.files.items():
         if not path.endswith(".py") or original.get(path, "").encode() == content:
             continue
@@ -404,42 +412,88 @@ class HiddenTestRun(BaseModel):
     stray_processes: bool
     """A process outlived the tests (or the guard did not report): the report is not trusted."""
     canary_passed: bool = False
-    """A canary test that must fail was reported passed: the runner or its report was tampered with."""
+    """A canary test (it must fail) was reported passed, or not reported at all while a real
+    test of its file passed: the runner, its report or the test module was tampered with."""
+    tests_changed: bool = False
+    """A hidden test file or canary read back after the run differs from what was written."""
+    error: str | None = None
+    """The run could not be confined or trusted for a reason that is not the submission's doing."""
 
 
-def _canary(module_text: str) -> tuple[str, str]:
-    """A test that must fail, under a fresh random name, appended to a hidden test module: a
-    patched runner that reports every test passed reports it passed too. (name, new text)"""
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    left, right = uuid.uuid4().int % 9000 + 1000, uuid.uuid4().int % 9000 + 1000
-    return name, f"{module_text}\n\n\ndef {name}():\n    assert {left} * {right} == {left * right + 1}\n"
+GRADER_ROOT = "/dev/shm"
+"""Where each grading's own directory (hidden tests, canaries, guard, report) is made: outside
+the workspace and outside every place the test run may write (`_WRITABLE`). /tmp stays
+writable for the tests (AgentBench checks write there); /dev/shm does not."""
+
+# Where a hidden-test run may create, change or remove files (besides the workspace and its
+# report directory); everything else is read-only to it, whatever its uid (pytest_guard.py).
+_WRITABLE = ("/tmp", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/pts")
+
+
+def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
+    """The files of the grader's copy of the suite (relative to its root directory) and the
+    canaries planted in each hidden module (module path -> [(class or '', name)]).
+
+    The hidden tests (with canaries) sit under `prefix`, a fresh random directory name, so
+    their module names (importlib mode: the path below the root) are new at every grading and
+    nothing importable could have been prepared under them. Beside them: the task's own
+    `conftest.py` files on their way (fixtures), and the task's data files in their directories;
+    no `__init__.py` (a package would be imported by its name, which the workspace could hold)."""
+    original = {**task.files, **task.visible_tests}
+    rng = random.Random(uuid.uuid4().int)
+    files: dict[str, str] = {"pytest.ini": "[pytest]\n"}
+    canaries: dict[str, list[tuple[str, str]]] = {}
+    directories = set()
+    for path, text in task.hidden_tests.items():
+        files[f"{prefix}/{path}"], planted = canaries_module.plant(text, rng)
+        canaries[PurePosixPath(path).with_suffix("").as_posix()] = planted
+        directories.update(parent.as_posix() for parent in PurePosixPath(path).parents)
+    for path, text in original.items():
+        pure = PurePosixPath(path)
+        parent = pure.parent.as_posix()
+        if pure.name == "conftest.py" and parent in directories:
+            files[f"{prefix}/{path}"] = text
+        elif pure.suffix not in (".py", ".pyc") and parent in directories and parent != ".":
+            files[f"{prefix}/{path}"] = text
+    return files, canaries
 
 
 def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> HiddenTestRun:
-    """Put the cleaned submission and hidden tests into `grader` and run them under the guard.
+    """Put the cleaned submission into `grader`'s workspace and the hidden tests (with canaries)
+    into a grader directory outside it, and run them under the guard.
 
-    The report goes to a fresh, randomly named directory outside the workspace, created in the
-    same command that runs pytest, so no file the agent wrote can stand in for it; it is read
-    only after the guard has killed every process the run left behind.
+    The guard confines the run before any of the submission's code starts: it may write only
+    the workspace, /tmp and the report directory, so the hidden tests cannot be rewritten, and
+    they are read back and compared afterwards all the same. pytest runs from the grader's
+    directory with its own empty configuration (`-c`, rootdir and confcutdir pinned there, no
+    workspace conftest or config), in importlib mode (the tests' directories never go on
+    `sys.path`; the workspace is appended after pytest started, for the solution's imports).
+    The report goes to a directory created in the same command and is read only after the
+    guard has killed every process the run left behind.
     """
-    canaries = set()
-    for path in task.hidden_tests:
-        name, submission.files[path] = _canary(submission.files[path].decode())
-        canaries.add(f"{PurePosixPath(path).with_suffix('').as_posix()}::{name}")
     grader.put_archive(submission.tar(), ".")
-    grader_dir = f"/tmp/grade-{uuid.uuid4().hex}"
-    grader.write_file(f"{grader_dir}/pytest_guard.py", (resources.files("env_server") / "pytest_guard.py").read_bytes())
-    targets = " ".join(shlex.quote(path) for path in task.hidden_tests)
+    grader_dir = f"{GRADER_ROOT}/grade-{uuid.uuid4().hex}"
+    suite = f"{grader_dir}/suite"
+    prefix = f"m{uuid.uuid4().hex[:12]}"
+    files, canaries = _suite_files(task, prefix)
+    written = {f"suite/{path}": text.encode() for path, text in files.items()}
+    written["pytest_guard.py"] = (resources.files("env_server") / "pytest_guard.py").read_bytes()
+    grader.put_archive(tar_files(written), grader_dir)
+    targets = " ".join(shlex.quote(f"{suite}/{prefix}/{path}") for path in task.hidden_tests)
     tests = (
-        f"{task.grade_command} -p no:cacheprovider --junitxml={grader_dir}/report/report.xml "
-        f"-o junit_family=xunit2 {targets}"
+        f"{task.grade_command} -p no:cacheprovider -c {suite}/pytest.ini --rootdir={suite} --confcutdir={suite} "
+        f"--import-mode=importlib --junitxml={grader_dir}/report/report.xml -o junit_family=xunit2 {targets}"
     )
+    writable = " ".join(f"--writable {shlex.quote(path)}" for path in (grader.spec.workdir, f"{grader_dir}/report", *_WRITABLE))
     command = (
-        f"mkdir -m 700 {grader_dir}/report && exec python3 -I {grader_dir}/pytest_guard.py -- bash -c {shlex.quote(tests)}"
+        f"mkdir -m 700 {grader_dir}/report && exec python3 -I {grader_dir}/pytest_guard.py {writable} -- bash -c {shlex.quote(tests)}"
     )
     result = grader.exec(command, timeout_s=task.limits.grade_timeout_s, env=GRADE_ENV)
+    output = _scrub_prefix(result.stdout + result.stderr, prefix)
+    if result.exit_code == NO_CONFINEMENT_STATUS:
+        return HiddenTestRun(passed=[], failed=[], output=output, stray_processes=False,
+                             error="the grading sandbox cannot confine the tests (no Landlock in this kernel)")
     trusted = result.exit_code is not None and 0 <= result.exit_code < 100 and not result.timed_out
-    output = result.stdout + result.stderr
     if not trusted:
         reason = "timeout" if result.timed_out else {ORPHANS_STATUS: "a process outlived the tests", NO_SUBREAPER_STATUS: "no guard"}.get(
             result.exit_code or -1, f"the run ended abnormally (exit {result.exit_code})"
@@ -451,12 +505,71 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     except (OSError, FileTooLarge, ElementTree.ParseError):
         passed, failed = [], []
         output += f"\n[grader] no test report (exit {result.exit_code})"
-    for canary in canaries:
-        output = output.replace(canary.rpartition("::")[2], "<grader canary>")
-    canary_passed = any(_known_id(test, canaries) for test in passed)
-    passed = [test for test in passed if not _known_id(test, canaries)]
-    failed = [test for test in failed if not _known_id(test, canaries)]
-    return HiddenTestRun(passed=passed, failed=failed, output=output, stray_processes=False, canary_passed=canary_passed)
+    passed = [_unprefixed(test, prefix) for test in passed]
+    failed = [_unprefixed(test, prefix) for test in failed]
+    for planted in canaries.values():
+        for _, name in planted:
+            output = output.replace(name, "<grader canary>")
+    canary_passed = _canaries_betrayed(canaries, passed, failed)
+    passed = [test for test in passed if not _canary_of(test, canaries)]
+    failed = [test for test in failed if not _canary_of(test, canaries)]
+    return HiddenTestRun(
+        passed=passed, failed=failed, output=output, stray_processes=False, canary_passed=canary_passed,
+        tests_changed=_suite_changed(grader, f"{grader_dir}/suite", files),
+    )
+
+
+def _unprefixed(test: str, prefix: str) -> str:
+    return test.removeprefix(f"{prefix}/")
+
+
+def _scrub_prefix(text: str, prefix: str) -> str:
+    """Output without the grading's random module prefix (its tests' paths read as the task's)."""
+    return text.replace(f"{prefix}/", "").replace(f"{prefix}.", "")
+
+
+def _canary_of(test: str, canaries: Mapping[str, list[tuple[str, str]]]) -> str | None:
+    """The hidden module a reported id is a canary of (any class of it: a canary inherited by a
+    subclass reports under the subclass), or None."""
+    module, _, name = test.partition("::")
+    base = name.split("[", 1)[0]
+    for hidden, planted in canaries.items():
+        if (module == hidden or module.startswith(f"{hidden}/")) and any(base == canary for _, canary in planted):
+            return hidden
+    return None
+
+
+def _canaries_betrayed(canaries: Mapping[str, list[tuple[str, str]]], passed: list[str], failed: list[str]) -> bool:
+    """A canary reported passed, or a module whose canaries did not all report although one of
+    its real tests passed (a stand-in for the module, or a runner that ran only some tests)."""
+    if any(_canary_of(test, canaries) for test in passed):
+        return True
+    for hidden, planted in canaries.items():
+        in_module = [test for test in passed + failed if test.partition("::")[0].split("/")[: hidden.count("/") + 1] == hidden.split("/")]
+        reported = {test.partition("::")[2].split("[", 1)[0] for test in in_module}
+        real_passed = any(test in passed and not _canary_of(test, canaries) for test in in_module)
+        if real_passed and not {name for _, name in planted} <= reported:
+            return True
+    return False
+
+
+def _suite_changed(grader: Sandbox, suite: str, files: Mapping[str, str]) -> bool:
+    """Whether the grader's copy of the suite, read back after the run, differs from what was
+    written (the guard's confinement makes this impossible; checked from the host all the same)."""
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(grader.get_archive(suite, max_bytes=MAX_REPORT_BYTES)), mode="r:")
+    except (OSError, SandboxError, tarfile.TarError):
+        return True
+    found: dict[str, bytes] = {}
+    with archive:
+        for member in archive.getmembers():
+            path = _member_path(member.name)
+            if member.isreg():
+                extracted = archive.extractfile(member)
+                found[path] = extracted.read() if extracted else b""
+            elif path and not member.isdir():
+                return True
+    return found != {path: text.encode() for path, text in files.items()}
 
 
 class _Verdict(BaseModel):
@@ -468,8 +581,10 @@ class _Verdict(BaseModel):
 
 def _grade_pytest(grader: Sandbox, task: TaskSpec, submission: Submission) -> _Verdict:
     run = run_hidden_tests(grader, task, submission)
+    if run.error:
+        raise GradingUnavailable(run.error)
     flags = [MonitorFlag.GRADING_STRAY_PROCESS] if run.stray_processes else []
-    if run.canary_passed:
+    if run.canary_passed or run.tests_changed:
         flags.append(MonitorFlag.GRADER_TAMPER)
     # A task may name the tests that count (feature deletion: those its deletion broke);
     # otherwise every test its hidden files define. Each must pass; one that never reported
@@ -555,6 +670,8 @@ def grade(
                 verdict = _grade_calls(grader, task, submission, config)
             else:
                 verdict = _grade_pytest(grader, task, submission)
+        except GradingUnavailable as error:
+            return failed(str(error))
         except Exception as error:  # the submission's code was running: a sandbox it broke is its doing
             return failed(f"the submission could not be graded ({type(error).__name__})")
     flags |= set(verdict.flags)

@@ -1,6 +1,6 @@
 """The trusted wrapper of a pytest-mode grading run (standard library only; runs in the sandbox).
 
-Run as `python3 -I pytest_guard.py -- COMMAND...` as the grading command's last word (`exec`),
+Run as `python3 -I pytest_guard.py [--writable PATH]... -- COMMAND...` as the grading command's last word (`exec`),
 so its exit status is the one the supervisor reports: the only channel out of the grading
 sandbox that the test process cannot write.
 
@@ -10,9 +10,16 @@ command ends it kills and reaps every such orphan; no process of the run is aliv
 host reads the report afterwards. Any orphan at all means something may have rewritten the
 report once the tests had finished, so the status says so.
 
+Before the test command starts (so before any code of the submission runs) it confines itself
+and everything it starts with Landlock (docs/decisions/055-pytest-mode-out-of-the-agents-reach.md):
+files may be created, written, renamed, linked or removed only beneath the paths given with
+`--writable`. The hidden tests, the canaries and this file live elsewhere, so no process of the
+run can change them, whatever its uid; reading stays allowed everywhere.
+
 Exit status: the test command's own (0-99) when no orphan was seen; `ORPHANS_STATUS` when one
-was; `NO_SUBREAPER_STATUS` when the kernel refused the subreaper role. Anything else (a killed
-guard, a signal) is untrusted by the host too.
+was; `NO_SUBREAPER_STATUS` when the kernel refused the subreaper role; `NO_CONFINEMENT_STATUS`
+when Landlock is unavailable (the tests are not run). Anything else (a killed guard, a signal)
+is untrusted by the host too.
 """
 
 import ctypes
@@ -22,8 +29,24 @@ import subprocess
 import sys
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 ORPHANS_STATUS = 120
 NO_SUBREAPER_STATUS = 121
+NO_CONFINEMENT_STATUS = 122
+
+# Landlock (linux/landlock.h). The syscall numbers are the same on every architecture that has them.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+ACCESS_WRITE_FILE = 1 << 1
+# Every way to change the tree: write, remove, make (files, directories, links, nodes), move
+# across directories (ABI 2) and truncate (ABI 3). Reading and executing are not handled.
+TREE_ACCESS_BY_ABI = {
+    1: ACCESS_WRITE_FILE | sum(1 << bit for bit in range(4, 13)),
+    2: ACCESS_WRITE_FILE | sum(1 << bit for bit in range(4, 14)),
+    3: ACCESS_WRITE_FILE | sum(1 << bit for bit in range(4, 15)),
+}
+ACCESS_TRUNCATE = 1 << 14
 
 
 def _children(parent):
@@ -68,9 +91,44 @@ def _reap_orphans():
             return orphans
 
 
-def main(command):
+def confine_writes(writable):
+    """Allow changes to the file tree only beneath `writable` (directories, or files such as
+    /dev/null), for this process and all it starts; False when Landlock is unavailable."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        return False
+    handled = TREE_ACCESS_BY_ABI[min(abi, 3)]
+    # struct landlock_ruleset_attr's first field; the kernel takes an older, shorter struct.
+    ruleset = ctypes.c_uint64(handled)
+    ruleset_fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(ruleset), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset_fd < 0:
+        return False
+    # struct landlock_path_beneath_attr is packed: u64 allowed_access, s32 parent_fd.
+    beneath = (ctypes.c_char * 12)()
+    for path in writable:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # e.g. a device this sandbox does not have
+        allowed = handled if os.path.isdir(path) else handled & (ACCESS_WRITE_FILE | ACCESS_TRUNCATE)
+        ctypes.memmove(beneath, allowed.to_bytes(8, "little") + fd.to_bytes(4, "little", signed=True), 12)
+        added = libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset_fd, LANDLOCK_RULE_PATH_BENEATH, beneath, ctypes.c_uint32(0))
+        os.close(fd)
+        if added != 0:
+            os.close(ruleset_fd)
+            return False
+    confined = libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, ctypes.c_uint32(0)) == 0
+    os.close(ruleset_fd)
+    return confined
+
+
+def main(writable, command):
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         return NO_SUBREAPER_STATUS
+    if not confine_writes(writable):
+        return NO_CONFINEMENT_STATUS
     status = subprocess.call(command)
     orphans = _reap_orphans()
     if orphans:
@@ -80,4 +138,7 @@ def main(command):
 
 if __name__ == "__main__":
     sys.stdout.flush()
-    sys.exit(main(sys.argv[sys.argv.index("--") + 1 :]))
+    separator = sys.argv.index("--")
+    options = sys.argv[1:separator]
+    # `--writable PATH`, repeated: where the test run may change files.
+    sys.exit(main([options[i + 1] for i in range(0, len(options), 2) if options[i] == "--writable"], sys.argv[separator + 1 :]))
