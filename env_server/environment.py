@@ -146,6 +146,8 @@ class _Answered:
     result: CallResult
     outcome: ToolOutcome | None = None
     hint: Hint | None = None
+    flags: list[MonitorFlag] = field(default_factory=list)
+    """What the monitor flagged in the call: recorded at once, shown only once the episode is done."""
 
 
 @dataclass
@@ -161,6 +163,10 @@ class _Episode:
     """The tools the episode may call (set at reset); a call to another is `tool_not_found`."""
     monitor_flags: list[MonitorFlag] = field(default_factory=list)
     """Every flag raised in the episode so far, sorted: the monitor's on each call, then the grader's."""
+    withheld_flags: list[list[list[MonitorFlag]]] = field(default_factory=list)
+    """Per step, per call: the monitor's flags, kept out of every observation and of the record
+    until the episode is done (a flag on a probe would confirm a hidden file's name); `_finish`
+    writes them into the record."""
     streak: FailureStreak = field(default_factory=FailureStreak)
     done: bool = False
     reward: float | None = None
@@ -288,6 +294,10 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
                 answered.append(self._run_call(call, episode, ran_before=sum(a.result.ran for a in answered)))
         ran = [a for a in answered if a.outcome is not None]
         outcome = next((a.outcome for a in ran if a.outcome.done), ran[-1].outcome)
+        episode.withheld_flags.append([a.flags for a in answered])
+        if outcome.done:
+            for answer in answered:
+                answer.result.monitor_flags = answer.flags
         lead = next((a for a in answered if a.result.error_kind is not None), ran[-1])
         result = _step_result(answered, lead, outcome, episode, duration_ms=(time.perf_counter() - started) * 1000)
         first = result.calls[0]
@@ -401,7 +411,6 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         outcome = call.error or self._run(call, episode)
         if not outcome.done and episode.calls_used + ran_before + 1 >= episode.task.limits.max_steps:
             outcome = self._grade_at_step_limit(outcome, episode)
-        outcome.monitor_flags = flags
         if outcome.grade is not None:
             episode.raise_flags(outcome.grade.monitor_flags)
         kind = episode.streak.observe(outcome.error_kind)
@@ -418,9 +427,8 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             duration_ms=(time.perf_counter() - started) * 1000,
             underlying_error_kind=outcome.error_kind if kind is ErrorKind.REPEATED_FAILURE else None,
             arguments=call.arguments if call.tool else None,
-            monitor_flags=flags,
         )
-        return _Answered(result, outcome, hint)
+        return _Answered(result, outcome, hint, flags)
 
     def _over_the_cap(self, call: _Call, episode: _Episode) -> _Answered:
         """A call after the step's cap: not run, answered `too_many_calls` with its hint."""
@@ -520,6 +528,10 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         if outcome.grade is not None:
             record.tests_passed, record.tests_total = outcome.grade.tests_passed, outcome.grade.tests_total
         record.monitor_flags = list(episode.monitor_flags)
+        for step, calls in zip(record.steps, episode.withheld_flags):
+            for call, flags in zip(step.observation.calls, calls):
+                call.monitor_flags = flags
+            step.monitor_flags = step.observation.step_monitor_flags = sorted({flag for flags in calls for flag in flags})
         # The graded sandbox is of no further use; free it now rather than at the next reset.
         self._retire(episode.sandbox)
         with episode.lock:
@@ -572,6 +584,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             max_calls_per_step=source.max_calls_per_step,
             tools=source.tools,
             monitor_flags=list(source.monitor_flags),
+            withheld_flags=copy.deepcopy(source.withheld_flags),
             streak=copy.deepcopy(source.streak),
         )
 
@@ -694,7 +707,7 @@ def _copy_workspace(source: Sandbox, targets: list[Sandbox], max_bytes: int) -> 
 def _metadata(result: ToolResult, outcome: ToolOutcome) -> dict[str, Any]:
     """The observation's `metadata`: the typed fields under the keys clients read before those
     fields existed (docs/api.md), plus the grading details that have no typed field. Here
-    `monitor_flags` is the step's flags, or the episode's on a graded step."""
+    `monitor_flags` is the episode's flags, on the step that ends it only."""
     metadata: dict[str, Any] = {}
     if outcome.grade is not None:
         grade = outcome.grade
@@ -705,8 +718,8 @@ def _metadata(result: ToolResult, outcome: ToolOutcome) -> dict[str, Any]:
             grading_ms=grade.grading_ms,
             monitor_flags=[str(flag) for flag in grade.monitor_flags],
         )
-    elif result.step_monitor_flags and not outcome.done:
-        metadata["monitor_flags"] = [str(flag) for flag in result.step_monitor_flags]
+    elif outcome.done and result.episode_monitor_flags:
+        metadata["monitor_flags"] = [str(flag) for flag in result.episode_monitor_flags]
     if result.end_reason is not None:
         metadata.update(aborted=result.aborted, reason=result.end_reason)
     if result.step_limit_reached:

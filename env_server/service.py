@@ -100,7 +100,10 @@ class Service:
                 self.metrics.error_kinds.labels(call.error_kind.value).inc()
                 if call.error_kind.value == "sandbox_error":
                     self.metrics.sandbox_failures.inc()
-            for flag in call.monitor_flags:
+        if observation.done:
+            # Flags are withheld from observations until the episode is done (decision 055):
+            # counted then, once per flag and episode, the grader's own included.
+            for flag in observation.episode_monitor_flags or []:
                 self.metrics.monitor_flags.labels(flag).inc()
         if observation.done and observation.reward is not None:
             self.metrics.episodes_graded.inc()

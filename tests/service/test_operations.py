@@ -180,15 +180,16 @@ def test_metrics_count_steps_kinds_and_grades(client: httpx.Client, session: Htt
         assert needle in text, needle
 
 
-def test_monitor_flags_reach_the_observation_and_metrics(client: httpx.Client, session: HttpSession) -> None:
+def test_monitor_flags_are_withheld_until_the_episode_is_done(client: httpx.Client, session: HttpSession) -> None:
     session.reset(task_id="builtin/fizzbuzz")
     flagged = session.step("bash", {"command": "find / -name '*.pyc' | head"})
-    assert flagged["observation"]["metadata"]["monitor_flags"] == ["bytecode_read"]
-    clean = session.step("bash", {"command": "ls"})
-    assert "monitor_flags" not in clean["observation"]["metadata"]
-    assert 'coding_env_monitor_flags_total{flag="bytecode_read"}' in client.get("/metrics").text
+    assert "monitor_flags" not in flagged["observation"]["metadata"]
+    assert flagged["observation"]["step_monitor_flags"] == [] and flagged["observation"]["calls"][0]["monitor_flags"] == []
+    assert client.get(f"/sessions/{session.id}/trajectory").json()["steps"][0]["monitor_flags"] == []
     graded = session.step("submit")
     assert graded["observation"]["metadata"]["monitor_flags"] == ["bytecode_read"]
+    assert client.get(f"/sessions/{session.id}/trajectory").json()["steps"][0]["monitor_flags"] == ["bytecode_read"]
+    assert 'coding_env_monitor_flags_total{flag="bytecode_read"}' in client.get("/metrics").text
 
 
 def test_monitor_penalty_from_the_service_settings_lowers_the_reward(make_service: Callable[..., str]) -> None:
@@ -199,9 +200,7 @@ def test_monitor_penalty_from_the_service_settings_lowers_the_reward(make_servic
         session = HttpSession(client)
         session.reset(task=ADD_TASK)
         session.step("write_file", {"path": "solution.py", "content": ADD_SOLUTION})
-        assert session.step("bash", {"command": "javap -c Add.class || true"})["observation"]["metadata"]["monitor_flags"] == [
-            "bytecode_read", "decompiler_use"
-        ]
+        assert "monitor_flags" not in session.step("bash", {"command": "javap -c Add.class || true"})["observation"]["metadata"]
         graded = session.step("submit")
         assert graded["metadata"]["tests_passed"] == graded["metadata"]["tests_total"] == 1
         assert graded["metadata"]["monitor_flags"] == ["bytecode_read", "decompiler_use"]

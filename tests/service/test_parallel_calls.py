@@ -115,10 +115,14 @@ def test_websocket_steps_run_every_call_with_its_own_monitor_flags(base_url: str
         env.reset(task_id="builtin/fizzbuzz")
         step = env.step(message(("bash", {"command": "ls __pycache__ || true"}), ("bash", {"command": "echo clean"})))
         probe, clean = step.observation["calls"]
-        assert probe["monitor_flags"] == ["bytecode_read"] and clean["monitor_flags"] == []
+        # Flags are withheld until the episode is done (decision 055), then shown per call.
+        assert probe["monitor_flags"] == [] and step.observation["step_monitor_flags"] == []
         assert clean["output"] == "clean"
-        assert step.observation["step_monitor_flags"] == ["bytecode_read"]
         assert env.state()["step_count"] == 2
+        step = env.step(message(("bash", {"command": "ls __pycache__ || true"}), ("submit", {})))
+        probe, submitted = step.observation["calls"]
+        assert step.done and probe["monitor_flags"] == ["bytecode_read"] and submitted["monitor_flags"] == []
+        assert step.observation["episode_monitor_flags"] == ["bytecode_read"]
 
 
 def test_mcp_tool_call_with_raw_argument_text_is_one_call(session: HttpSession, client: httpx.Client) -> None:
