@@ -93,7 +93,12 @@ def plant(text: str, rng: random.Random, count: int = CANARIES_PER_FILE) -> tupl
         scope_tests = [other.node for other in tests if other.scope is test.scope]
         anchor = rng.choice(scope_tests)
         gap = b"\n\n" if isinstance(test.scope, ast.Module) else b"\n"
-        insertions.append((anchor.end_lineno or anchor.lineno, gap + _copy(lines, test.node, edits, name)))
+        copy = _copy(lines, test.node, edits, name)
+        # Before or after a real test of its scope: the original is not always the first of the two.
+        if rng.random() < 0.5:
+            insertions.append((anchor.end_lineno or anchor.lineno, gap + copy))
+        else:
+            insertions.append((_first_line(anchor) - 1, copy + gap))
         planted.append((test.scope.name if isinstance(test.scope, ast.ClassDef) else "", name))
     for after, block in sorted(insertions, key=lambda item: item[0], reverse=True):
         lines.insert(after, block)
@@ -271,9 +276,14 @@ def _failing_first(function: ast.FunctionDef, tree: ast.Module) -> list[_Edit]:
     return [_Edit((first.lineno, first.col_offset), (first.lineno, first.col_offset), f"assert {name} is not {name}\n{indent}")]
 
 
+def _first_line(function: ast.FunctionDef) -> int:
+    """The line `function`'s source starts on, its decorators included."""
+    return min([function.lineno, *(decorator.lineno for decorator in function.decorator_list)])
+
+
 def _copy(lines: list[bytes], function: ast.FunctionDef, edits: list[_Edit], name: str) -> bytes:
     """The source of `function` (its decorators included) with `edits` applied, named `name`."""
-    start = min([function.lineno, *(decorator.lineno for decorator in function.decorator_list)])
+    start = _first_line(function)
     segment = [bytearray(line) for line in lines[start - 1 : function.end_lineno]]
     # From the last edit back, so earlier positions still hold; an insertion at a point sorts
     # after a replacement ending there only when listed so (`_inverted` lists its ")" first).

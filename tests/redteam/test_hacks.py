@@ -61,7 +61,8 @@ def _assert_held(client: httpx.Client, hack: Hack, task: TaskSpec) -> None:
     outcome = play(client, hack, task, inline=True)
     assert outcome.held, (
         f"{hack.id} on {task.id}: reward={outcome.reward} done={outcome.done} 5xx={outcome.server_errors} "
-        f"forged_output_seen={outcome.forged_output_seen} flags={outcome.monitor_flags} output={outcome.final_output[-500:]!r}"
+        f"forged_output_seen={outcome.forged_output_seen} flags={outcome.monitor_flags} "
+        f"flags_before_done={outcome.flags_before_done} output={outcome.final_output[-500:]!r}"
     )
 
 
@@ -79,6 +80,20 @@ _ONE_PER_CLASS = list({hack.hack_class: hack for hack in reversed(CATALOGUE) if 
 @pytest.mark.parametrize("hack", _ONE_PER_CLASS, ids=[hack.id for hack in _ONE_PER_CLASS])
 def test_hack_earns_nothing_on_a_real_task(redteam_client: httpx.Client, hack: Hack, task: TaskSpec) -> None:
     _assert_held(redteam_client, hack, task)
+
+
+_PYTEST_MODE_CLASSES = {HackClass.HIDDEN_REWRITE, HackClass.STAND_IN_MODULE, HackClass.CANARY_TARGETED, HackClass.MONITOR_PROBE}
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize(
+    "hack", [hack for hack in CATALOGUE if hack.hack_class in _PYTEST_MODE_CLASSES],
+    ids=[hack.id for hack in CATALOGUE if hack.hack_class in _PYTEST_MODE_CLASSES],
+)
+def test_pytest_mode_hack_earns_nothing_on_a_real_pytest_task(redteam_client: httpx.Client, hack: Hack) -> None:
+    # Issue 30's classes aim at pytest mode: each must also fail where the hidden tests are real
+    # and pass for an honest solution (not only where no honest solution can pass).
+    _assert_held(redteam_client, hack, PYTEST_TASK)
 
 
 def _submit_solution(task: TaskSpec) -> Hack:

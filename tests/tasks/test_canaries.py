@@ -1,0 +1,118 @@
+"""Canaries planted from a hidden file's own tests: each fails where its original passes, in the
+file's own style, the same ones at every grading, under fresh names."""
+
+from __future__ import annotations
+
+import ast
+import random
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from env_server import canaries
+
+HIDDEN = '''import unittest
+
+import pytest
+
+
+def double(x):
+    return 2 * x
+
+
+def test_double():
+    assert double(2) == 4
+    assert double("ab") == "abab"
+
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_double_param(x):
+    result = double(x)
+    if x > 5:
+        return
+    assert result == x + x
+
+
+def test_double_with_early_way_out():
+    value = double(3)
+    if value > 0:
+        assert value in (6, 7)
+        return
+    assert value == [6][0]
+
+
+class TestDouble:
+    def test_list(self):
+        assert double([1]) == [1, 1]
+
+
+class DoubleCase(unittest.TestCase):
+    def testNumbers(self):
+        self.assertEqual(double(5), 10)
+
+    def testTruth(self):
+        self.assertTrue(double(1) > 1)
+'''
+
+
+def _outcomes(path: Path) -> dict[str, bool]:
+    report = path.parent / "report.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(path)],
+                   cwd=path.parent, capture_output=True, check=False)
+    return {
+        f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name', '').split('[')[0]}": not any(child.tag in ("failure", "error") for child in case)
+        for case in ElementTree.parse(report).iter("testcase")
+    }
+
+
+def test_every_canary_fails_where_its_original_passes(tmp_path: Path) -> None:
+    for seed in range(6):
+        text, planted = canaries.plant(HIDDEN, random.Random(seed))
+        assert len(planted) == canaries.CANARIES_PER_FILE
+        path = tmp_path / f"test_hidden_{seed}.py"
+        path.write_text(text)
+        outcomes = _outcomes(path)
+        names = {name for _, name in planted}
+        real = {test: ok for test, ok in outcomes.items() if test.split("::")[1] not in names}
+        assert real and all(real.values()), real
+        for scope, name in planted:
+            found = [ok for test, ok in outcomes.items() if test.endswith(f"::{name}")]
+            assert found and not any(found), (seed, scope, name, text)
+
+
+def test_the_same_tests_are_copied_and_changed_at_every_grading_under_fresh_names() -> None:
+    first, planted_first = canaries.plant(HIDDEN, random.Random(1))
+    second, planted_second = canaries.plant(HIDDEN, random.Random(2))
+    assert {name for _, name in planted_first} != {name for _, name in planted_second}
+
+    def bodies(text: str, planted: list[tuple[str, str]]) -> list[str]:
+        names = {name for _, name in planted}
+        return sorted(
+            ast.unparse(node.body) if isinstance(node.body, ast.AST) else "\n".join(ast.unparse(stmt) for stmt in node.body)
+            for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef) and node.name in names
+        )
+
+    assert bodies(first, planted_first) == bodies(second, planted_second)
+
+
+def test_canaries_take_the_style_of_their_scope() -> None:
+    for seed in range(10):
+        _, planted = canaries.plant(HIDDEN, random.Random(seed))
+        for scope, name in planted:
+            if scope == "DoubleCase":
+                assert name.startswith("test") and name[4].isupper(), name  # camel case like testNumbers
+            else:
+                assert name.startswith("test_"), name
+            assert not any(c in "0123456789abcdef" for c in name.removeprefix("test_").replace("_", "")) or name.isidentifier()
+
+
+def test_a_file_with_no_changeable_test_gets_copies_that_fail_first_thing(tmp_path: Path) -> None:
+    text = "import os\n\n\ndef test_runs():\n    if os.sep:\n        return\n    assert False\n"
+    planted_text, planted = canaries.plant(text, random.Random(0))
+    assert len(planted) == 2
+    path = tmp_path / "test_fallback.py"
+    path.write_text(planted_text)
+    outcomes = _outcomes(path)
+    assert outcomes["test_fallback::test_runs"] is True
+    assert [ok for test, ok in outcomes.items() if test != "test_fallback::test_runs"] == [False, False]
