@@ -78,7 +78,9 @@ def plant(text: str, rng: random.Random, count: int = CANARIES_PER_FILE) -> tupl
     wanted = count if len(tests) >= count else 2
     if changed:
         picks = chooser.sample(changed, min(wanted, len(changed)))
-        picks += [chooser.choice(changed) for _ in range(wanted - len(picks))]
+        # A test copied twice is changed twice, each its own way (identical twins would point
+        # at the original as the odd one out).
+        picks += [(test, _failing_edits(test.node, chooser) or edits) for test, edits in (chooser.choice(changed) for _ in range(wanted - len(picks)))]
     else:
         picks = [(test, _failing_first(test.node, tree)) for test in (chooser.choice(tests) for _ in range(wanted))]
     lines = text.encode().splitlines(keepends=True)
@@ -177,14 +179,16 @@ def _failing_edits(function: ast.FunctionDef, chooser: random.Random) -> list[_E
     exits = _exit_assertions(function)
     if not exits:
         return None
-    edits = []
+    edits: dict[tuple[int, int], _Edit] = {}
     for assertion in exits:
         changed = _changed_literal(assertion, chooser)
-        changed = [changed] if changed else _inverted(assertion)
+        # An inversion fails against a comparison that always answers "equal"; a changed
+        # expected value does not, so the parameters' values come before it.
+        changed = [changed] if changed else _changed_parameter(function, assertion, chooser) or _inverted(assertion)
         if changed is None:
             return None
-        edits.extend(changed)
-    return edits
+        edits.update((edit.start, edit) for edit in changed)
+    return list(edits.values())
 
 
 def _compared_literals(assertion: ast.stmt) -> list[ast.Constant]:
@@ -211,6 +215,49 @@ def _compared_literals(assertion: ast.stmt) -> list[ast.Constant]:
             elif isinstance(node, ast.Dict):
                 stack.extend(node.values)
     return [node for node in literals if node.lineno == node.end_lineno]
+
+
+def _changed_parameter(function: ast.FunctionDef, assertion: ast.stmt, chooser: random.Random) -> list[_Edit] | None:
+    """For `assert f(x) == expected` where `expected` is a `parametrize` argument: its value
+    changed in every case (so every case of the copy fails), or None."""
+    if isinstance(assertion, ast.Assert):
+        test = assertion.test
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            return None
+        sides = [test.left, test.comparators[0]]
+    elif assertion.value.func.attr in _EQUAL_METHODS and not assertion.value.keywords:
+        sides = assertion.value.args[:2]
+    else:
+        return None
+    compared = {side.id for side in sides if isinstance(side, ast.Name)}
+    for decorator in function.decorator_list:
+        if not (isinstance(decorator, ast.Call) and _base_name(decorator.func) == "parametrize" and len(decorator.args) >= 2):
+            continue
+        names_node, cases = decorator.args[0], decorator.args[1]
+        if isinstance(names_node, ast.Constant) and isinstance(names_node.value, str):
+            names = [name.strip() for name in names_node.value.split(",") if name.strip()]
+        elif isinstance(names_node, ast.List | ast.Tuple) and all(isinstance(e, ast.Constant) for e in names_node.elts):
+            names = [e.value for e in names_node.elts]
+        else:
+            continue
+        for index, name in enumerate(names):
+            if name not in compared or not isinstance(cases, ast.List | ast.Tuple) or not cases.elts:
+                continue
+            edits = []
+            for case in cases.elts:
+                if isinstance(case, ast.Call) and _base_name(case.func) == "param":
+                    values = case.args
+                elif len(names) == 1:
+                    values = [case]
+                else:
+                    values = case.elts if isinstance(case, ast.Tuple | ast.List) else []
+                node = values[index] if index < len(values) else None
+                if not isinstance(node, ast.Constant) or node.lineno != node.end_lineno or _other_value(node.value, chooser) is None:
+                    break
+                edits.append(_Edit((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), repr(_other_value(node.value, chooser))))
+            else:
+                return edits
+    return None
 
 
 def _other_value(value: object, chooser: random.Random) -> object:
