@@ -13,11 +13,14 @@ import io
 import json
 import re
 import tokenize
+from itertools import islice
 from typing import Any, Sequence
 
 import json_repair
 
-from env_server.tool_calls.registry import Params, ParsedCall, segment
+from env_server.tool_calls import budget
+from env_server.tool_calls.registry import Params, ParsedCall
+from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, segment
 
 _LENIENT_JSON = json.JSONDecoder(strict=False)
 _LAYOUT_TOKENS = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
@@ -31,6 +34,17 @@ _TOOL_NAME = re.compile(r"\A[A-Za-z_][\w\-]*(?:[.:][A-Za-z_][\w\-]*)*\Z")
 _JSON_WORDS = {"true": True, "false": False, "null": None}
 _ARGS_TOKEN = "[ARGS]"
 _FENCE_OPEN = re.compile(r"\s*```[ \t]*[\w-]*[ \t]*\n")
+_SEPARATORS = re.compile(r"[\s,;]*")
+# JSON's structure outside strings: a whole string (unrolled, so one linear pass, closed or cut
+# off) or one structural character.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}\[\],]')
+_CLOSED_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_MAX_NESTING = 512
+"""Deeper than any call's arguments, and than the JSON decoder reads."""
+_MAX_STRUCTURE_TOKENS = 100_000
+"""Strings and brackets the lossless repair walks, at most (a truncated call has a few hundred)."""
+_MAX_CUT_MARKERS = 256
+"""Parameter-name markers the raw-text cut considers, at most."""
 
 
 def load_json_object(raw: str) -> dict[str, Any] | None:
@@ -75,18 +89,25 @@ def load_value(raw: str) -> tuple[Any, bool]:
     if not raw:
         return None, False
     for text in (raw, _drop_commas_and_close(raw)):
+        budget.check()
+        if text is None:
+            continue
         try:
             # strict=False: raw newlines/tabs inside strings; raw_decode: prose after the value.
             return _LENIENT_JSON.raw_decode(text)[0], True
         except (ValueError, RecursionError):
             pass
+    # The lenient readers are slow per character: the message's budget bounds what they read.
+    if not budget.current().allow_lenient(len(raw)):
+        return None, False
     try:
         return _python_literal(raw), True  # Python-style dicts: single quotes, None, True
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
         pass
+    budget.check()
     try:
         repaired = json_repair.loads(raw)
-    except RecursionError:  # nesting deeper than any call's arguments
+    except (RecursionError, ValueError):  # nesting deeper than any call's arguments
         return None, False
     # json-repair answers '' (or a bare string) for text it cannot read as JSON.
     return (repaired if isinstance(repaired, (dict, list)) else None), False
@@ -100,39 +121,46 @@ def json_calls(raw: str, params: Params) -> list[ParsedCall]:
     if not exact:
         value, exact = load_value(raw)
         values = [] if value is None else [value]
-    calls = [c for value in values for c in calls_from_value(value, params)]
+    calls = [c for value in values for c in calls_from_value(value, params)][:MAX_CALLS_PER_MESSAGE]
     return [_refit(calls[0], raw, params, exact)] if len(calls) == 1 else calls
 
 
-def framed_json_calls(text: str, start: int, closer: re.Pattern[str], params: Params) -> list[ParsedCall]:
-    """The calls in the JSON that follows a format's opening token at `start`.
+def framed_json_calls(
+    text: str, start: int, closer: re.Pattern[str], params: Params, stop: int | None = None
+) -> tuple[list[ParsedCall], int]:
+    """The calls in the JSON that follows a format's opening token at `start`, and where the
+    exactly read JSON ends (`start` if none was).
 
     Read exactly from the opening on first, so a closing token quoted inside an argument (code
     that mentions `</tool_call>`) does not cut the call short; if that fails, the text up to the
-    closing token is repaired. A fence around the JSON is dropped."""
-    fence = _FENCE_OPEN.match(text, start)
+    closing token (never past `stop`, the next call's marker) is repaired. A fence around the
+    JSON is dropped."""
+    stop = len(text) if stop is None else stop
+    fence = _FENCE_OPEN.match(text, start, stop)
     start = fence.end() if fence else start
     values, end = exact_json_values(text, start)
-    calls = [c for value in values for c in calls_from_value(value, params)]
+    calls = [c for value in values for c in calls_from_value(value, params)][:MAX_CALLS_PER_MESSAGE]
     if calls:
-        return [_refit(c, text[start:end], params, exact=True) for c in calls]
-    body = text[start:].split("```")[0] if fence else segment(text, start, closer)
-    return json_calls(body, params)
+        return [_refit(c, text[start:end], params, exact=True) for c in calls], end
+    body = text[start:stop].split("```")[0] if fence else segment(text, start, closer, stop)
+    return json_calls(body, params), start
 
 
 def exact_json_values(text: str, i: int) -> tuple[list[Any], int]:
-    """JSON values read exactly from `i` on, separated by whitespace, `,` or `;`; and where they end."""
+    """JSON values read exactly from `i` on (MAX_CALLS_PER_MESSAGE at most), separated by
+    whitespace, `,` or `;`; and where they end."""
     values: list[Any] = []
     end = i
-    while True:
-        while i < len(text) and (text[i].isspace() or text[i] in ",;"):
-            i += 1
+    while len(values) < MAX_CALLS_PER_MESSAGE:
+        budget.check()
+        i = _SEPARATORS.match(text, i).end()
         try:
             value, i = _LENIENT_JSON.raw_decode(text, i)
         except (ValueError, RecursionError):
-            return values, end
+            break
         values.append(value)
         end = i
+    return values, end
 
 
 def first_json_object(text: str, start: int) -> dict[str, Any] | None:
@@ -205,48 +233,56 @@ def _python_literal(raw: str) -> Any:
     return ast.literal_eval(raw)
 
 
-def _drop_commas_and_close(raw: str) -> str:
-    """Remove trailing commas and append the closers a truncated text lacks, leaving strings untouched."""
+def _drop_commas_and_close(raw: str) -> str | None:
+    """Remove trailing commas and append the closers a truncated text lacks, leaving strings
+    untouched; None when the structure is deeper or longer than any call's (not worth a pass).
+
+    Walks tokens (whole strings, structural characters), not characters, so a long string costs
+    one regular-expression step."""
     out: list[str] = []
     closers: list[str] = []
-    in_string = escaped = False
-    for ch in raw:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            closers.append("}" if ch == "{" else "]")
-        elif ch in "}]":
+    last = 0
+    for count, token in enumerate(_JSON_TOKEN.finditer(raw)):
+        if count > _MAX_STRUCTURE_TOKENS or len(closers) > _MAX_NESTING:
+            return None
+        out.append(raw[last : token.start()])
+        kind = token.group()[0]
+        if kind in "}]":
             _drop_trailing_comma(out)
             if closers:
                 closers.pop()
-        out.append(ch)
-    if in_string:
-        out.append('"')
+        elif kind in "{[":
+            closers.append("}" if kind == "{" else "]")
+        out.append(token.group())
+        last = token.end()
+    out.append(raw[last:])
+    if last == len(raw) and out[-2:-1] and _CLOSED_STRING.fullmatch(out[-2]) is None and out[-2].startswith('"'):
+        out.append('"')  # the text ended inside a string
     _drop_trailing_comma(out)
     return "".join(out) + "".join(reversed(closers))
 
 
 def _drop_trailing_comma(out: list[str]) -> None:
-    i = len(out) - 1
-    while i >= 0 and out[i].isspace():
-        i -= 1
-    if i >= 0 and out[i] == ",":
-        del out[i]
+    """Drop a `,` that ends what `out` holds (whitespace after it kept out of the way)."""
+    while out and not out[-1].strip():
+        out.pop()
+    if out and out[-1].rstrip().endswith(","):
+        text = out[-1].rstrip()
+        out[-1] = text[:-1]
 
 
 def cut_by_parameter_names(raw: str, expected: Sequence[str]) -> dict[str, Any] | None:
     """Cut string values out of malformed JSON by locating `"param":` markers in the raw text."""
     marker = re.compile(r"[\"']({})[\"']\s*:\s*".format("|".join(map(re.escape, expected))))
-    found = list(marker.finditer(raw))
+    found = list(islice(marker.finditer(raw), _MAX_CUT_MARKERS))
     if not found:
         return None
     arguments: dict[str, Any] = {}
     for i, m in enumerate(found):
+        budget.check()
         end = found[i + 1].start() if i + 1 < len(found) else len(raw)
         value = raw[m.end() : end].rstrip()
-        value = re.sub(r"[}\]\s]*$", "", value) if i + 1 == len(found) else value
+        value = value.rstrip("}] \t\r\n") if i + 1 == len(found) else value
         value = value.rstrip(",").rstrip()
         arguments[m.group(1)] = _decode_value(value)
     return arguments

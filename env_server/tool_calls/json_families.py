@@ -14,13 +14,22 @@ from env_server.tool_calls.arguments import (
     parse_arguments,
     python_calls,
 )
-from env_server.tool_calls.registry import Params, ParsedCall, markers, segment, tool_call_family
+from env_server.tool_calls.registry import Params, ParsedCall, tool_call_family
+from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, markers, segment
 
 _NAME_KEY = r"[\"'](?:name|tool_name)[\"']\s*:"
 
 
 def _framed(text: str, opener: re.Pattern[str], closer: re.Pattern[str], params: Params) -> list[ParsedCall]:
-    return [c for m in markers(opener, text) for c in framed_json_calls(text, m.end(), closer, params)]
+    """The calls after each `opener`; an opener inside JSON already read (quoted in code) is text."""
+    calls: list[ParsedCall] = []
+    read_to = 0
+    for m, stop in markers(opener, text):
+        if m.start() < read_to:
+            continue
+        found, read_to = framed_json_calls(text, m.end(), closer, params, stop)
+        calls.extend(found)
+    return calls[:MAX_CALLS_PER_MESSAGE]
 
 
 _TOOL_CALL = re.compile(r"<tool_call>")
@@ -42,9 +51,9 @@ _FUNCTION_END = re.compile(r"</function>")
 def function_tag_json(text: str, params: Params) -> list[ParsedCall]:
     """Llama 3.1's custom-tool form: `<function=NAME>{"arg": ...}</function>`."""
     calls = []
-    for m in markers(_FUNCTION_JSON, text):
+    for m, stop in markers(_FUNCTION_JSON, text):
         name = m.group(1)
-        arguments = first_json_object(text, m.end()) or parse_arguments(segment(text, m.end(), _FUNCTION_END), params.get(name))
+        arguments = first_json_object(text, m.end()) or parse_arguments(segment(text, m.end(), _FUNCTION_END, stop), params.get(name))
         if arguments is not None:
             calls.append(ParsedCall(name, arguments))
     return calls
@@ -61,19 +70,19 @@ def llama3_json(text: str, params: Params) -> list[ParsedCall]:
     separated by `;`), optionally after `<|python_tag|>`; a tagged built-in such as
     `brave_search.call(query="...")` is read as Python."""
     calls: list[ParsedCall] = []
-    for m in [*markers(_PYTHON_TAG, text)] or [_LEADING_OBJECT.match(text)]:
-        if m is None:
-            continue
-        body = segment(text, m.end(), _LLAMA_END)
+    leading = _LEADING_OBJECT.match(text)
+    for m, stop in [*markers(_PYTHON_TAG, text)] or ([(leading, len(text))] if leading else []):
+        body = segment(text, m.end(), _LLAMA_END, stop)
         # After the tag: JSON, a pythonic list (Llama 3.2 may tag it too) or a built-in's call.
         pythonic = None if body.lstrip().startswith("{") else python_calls(body, params)
-        calls.extend(pythonic if pythonic is not None else framed_json_calls(text, m.end(), _LLAMA_END, params))
-    return calls
+        calls.extend(pythonic if pythonic is not None else framed_json_calls(text, m.end(), _LLAMA_END, params, stop)[0])
+    return calls[:MAX_CALLS_PER_MESSAGE]
 
 
 _MISTRAL = re.compile(r"\[TOOL_CALLS\]")
 _MISTRAL_END = re.compile(r"\[TOOL_CALLS\]|</s>")
-_MISTRAL_NAMED = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*\w*\s*)?\[ARGS\]")
+# Bounded name and id: on a long run without `[ARGS]` each try stops early.
+_MISTRAL_NAMED = re.compile(r"\s{0,64}([^\s\[\]{}]{1,256})\s{0,64}(?:\[CALL_ID\]\s{0,64}\w{0,256}\s{0,64})?\[ARGS\]")
 
 
 @tool_call_family("mistral", marker=_MISTRAL.pattern, precedence=10)
@@ -81,16 +90,16 @@ def mistral(text: str, params: Params) -> list[ParsedCall]:
     """Mistral `[TOOL_CALLS]`: a JSON list of calls (v3 tokenizers) or, from v11 on, one
     `[TOOL_CALLS]NAME[ARGS]{...}` per call (v13 adds `[CALL_ID]id` before `[ARGS]`)."""
     calls: list[ParsedCall] = []
-    for m in markers(_MISTRAL, text):
-        named = _MISTRAL_NAMED.match(text, m.end())
+    for m, stop in markers(_MISTRAL, text):
+        named = _MISTRAL_NAMED.match(text, m.end(), stop)
         if named is None:
-            calls.extend(framed_json_calls(text, m.end(), _MISTRAL_END, params))
+            calls.extend(framed_json_calls(text, m.end(), _MISTRAL_END, params, stop)[0])
             continue
         name = named.group(1)
-        arguments = first_json_object(text, named.end()) or parse_arguments(segment(text, named.end(), _MISTRAL_END), params.get(name))
+        arguments = first_json_object(text, named.end()) or parse_arguments(segment(text, named.end(), _MISTRAL_END, stop), params.get(name))
         if arguments is not None:
             calls.append(ParsedCall(name, arguments))
-    return calls
+    return calls[:MAX_CALLS_PER_MESSAGE]
 
 
 _GRANITE = re.compile(r"<\|tool_call\|>")
@@ -142,7 +151,7 @@ def xlam(text: str, params: Params) -> list[ParsedCall]:
     """Salesforce xLAM: a bare JSON list of calls, `[{"name": ..., "arguments": {...}}]`, or
     `{"tool_calls": [...]}`, on a line of its own."""
     m = _XLAM.search(text)
-    return [] if m is None else framed_json_calls(text, m.end(), _NOTHING, params)
+    return [] if m is None else framed_json_calls(text, m.end(), _NOTHING, params)[0]
 
 
 _FENCE = re.compile(r"```[ \t]*([\w-]*)[ \t]*\n")
@@ -152,8 +161,8 @@ _FENCE_END = re.compile(r"\n?```")
 @tool_call_family("fenced_json", marker=r"```[ \t]*[\w-]*[ \t]*\n\s*[\[{][^`]*?" + _NAME_KEY, precedence=70)
 def fenced_json(text: str, params: Params) -> list[ParsedCall]:
     """Generic: a ```json (or bare ```) block holding call objects, one block per call or a list."""
-    blocks = [segment(text, m.end(), _FENCE_END) for m in markers(_FENCE, text)]
-    return [c for block in blocks if "{" in block for c in json_calls(block, params)]
+    blocks = [segment(text, m.end(), _FENCE_END, stop) for m, stop in markers(_FENCE, text)]
+    return [c for block in blocks if "{" in block for c in json_calls(block, params)][:MAX_CALLS_PER_MESSAGE]
 
 
 # Anchored at the first brace, so the search is one linear scan.
@@ -170,7 +179,7 @@ def bare_json(text: str, params: Params) -> list[ParsedCall]:
     first `{` on repaired."""
     calls: list[ParsedCall] = []
     end = 0
-    for m in markers(_OBJECT_START, text):
+    for m, _ in markers(_OBJECT_START, text):
         if m.start() < end:
             continue  # inside a call already read
         values, value_end = exact_json_values(text, m.start())
@@ -178,6 +187,6 @@ def bare_json(text: str, params: Params) -> list[ParsedCall]:
         calls.extend(found)
         end = value_end if found else end
     if calls:
-        return calls
+        return calls[:MAX_CALLS_PER_MESSAGE]
     call = json_call(text[text.find("{") :], params)
     return [] if call is None else [call]

@@ -11,23 +11,32 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from env_server.tool_calls.registry import MAX_CALLS_PER_MESSAGE, Params, ParsedCall, tool_call_family
+from env_server.tool_calls import budget
+from env_server.tool_calls.registry import Params, ParsedCall, tool_call_family
+from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, ForwardSearch
+
+MAX_ARGUMENTS_PER_CALL = 256
+"""Arguments read from one call, at most (a tool has a handful)."""
+
+_SPACE = re.compile(r"\s*")
 
 
 def _tagged_arguments(
-    text: str, start: int, key: re.Pattern[str], close: str, after_value: str, unwrap: Callable[[str], str] = str
+    text: str, start: int, key: re.Pattern[str], close: str, bounded: ForwardSearch, loose: ForwardSearch, unwrap: Callable[[str], str]
 ) -> tuple[dict[str, Any], int]:
     """Arguments `key-match VALUE close`, one after another from `start`; and where they end.
 
-    `after_value` matches what may follow a value's closing tag (the next key or the call's end)."""
+    A value ends at the first closing tag `bounded` finds (one followed by the next key or the
+    call's end), else at the first `loose` finds (any closing tag, key or call end)."""
     arguments: dict[str, Any] = {}
-    bounded = re.compile(re.escape(close) + r"\s*(?=" + after_value + r"|\Z)")
-    loose = re.compile(re.escape(close) + "|" + key.pattern + "|" + after_value)
     pos = start
-    while (m := key.match(text, pos)) is not None:
-        end = bounded.search(text, m.end()) or loose.search(text, m.end())
+    while len(arguments) < MAX_ARGUMENTS_PER_CALL and (m := key.match(text, _SPACE.match(text, pos).end())) is not None:
+        budget.check()
+        end = bounded.search(m.end()) or loose.search(m.end())
         value_end = end.start() if end else len(text)
-        arguments[m.group(1)] = unwrap(text[m.end() : value_end])
+        if end is not None and not text.startswith(close, value_end):  # the next key or the call's end
+            value_end -= len(text[m.end() : value_end]) - len(text[m.end() : value_end].rstrip())
+        arguments[m.group(1).strip()] = unwrap(text[m.end() : value_end])
         closing = text.startswith(close, value_end)
         pos = value_end + len(close) if closing else value_end
     return arguments, pos
@@ -36,11 +45,21 @@ def _tagged_arguments(
 def _tagged_calls(
     text: str, call: re.Pattern[str], key: re.Pattern[str], close: str, after_value: str, unwrap: Callable[[str], str] = str
 ) -> list[ParsedCall]:
-    """Every `call` match (its group 1 the tool's name) with the tagged arguments that follow it."""
+    """Every `call` match (its group 1 the tool's name) with the tagged arguments that follow it.
+
+    `key` and `after_value` (what may follow a value's closing tag after whitespace: the next key
+    or the call's end) start with no whitespace, and whitespace runs are taken possessively, so
+    no search backtracks over one. Every search only moves forward through the message
+    (`ForwardSearch`), so the message costs one pass per pattern however many calls and
+    arguments it holds."""
+    bounded = ForwardSearch(re.compile(re.escape(close) + r"(?=\s*+(?:" + after_value + r"|\Z))"), text)
+    loose = ForwardSearch(re.compile(re.escape(close) + "|" + key.pattern + "|" + after_value), text)
+    calls_ahead = ForwardSearch(call, text)
     calls = []
     pos = 0
-    while len(calls) < MAX_CALLS_PER_MESSAGE and (m := call.search(text, pos)) is not None:
-        arguments, pos = _tagged_arguments(text, m.end(), key, close, after_value, unwrap)
+    while len(calls) < MAX_CALLS_PER_MESSAGE and (m := calls_ahead.search(pos)) is not None:
+        budget.check()
+        arguments, pos = _tagged_arguments(text, m.end(), key, close, bounded, loose, unwrap)
         calls.append(ParsedCall(m.group(1), arguments))
     return calls
 
@@ -51,7 +70,7 @@ def _strip_one_newline(value: str) -> str:
 
 
 _FUNCTION = re.compile(r"<function=([^>\s]+)\s*>(?!\s*\{)")
-_PARAMETER = re.compile(r"\s*<parameter=([^>\s]+)\s*>")
+_PARAMETER = re.compile(r"<parameter=([^>\s]+)\s*>")
 
 
 @tool_call_family("qwen3_coder", marker=_FUNCTION.pattern, precedence=20)
@@ -59,26 +78,27 @@ def qwen3_coder(text: str, params: Params) -> list[ParsedCall]:
     """Qwen3-Coder (also Seed-OSS, inside `<seed:tool_call>`):
     `<tool_call><function=NAME><parameter=K>\\nV\\n</parameter></function></tool_call>`."""
     return _tagged_calls(
-        text, _FUNCTION, _PARAMETER, "</parameter>", r"\s*(?:<parameter=|</function>|</tool_call>)", _strip_one_newline
+        text, _FUNCTION, _PARAMETER, "</parameter>", "<parameter=|</function>|</tool_call>", _strip_one_newline
     )
 
 
 _GLM_CALL = re.compile(r"<tool_call>\s*([A-Za-z_][\w.\-]*)\s*(?=<arg_key>|</tool_call>)")
-_ARG_KEY = re.compile(r"\s*<arg_key>\s*(.*?)\s*</arg_key>\s*<arg_value>", re.DOTALL)
+# A key is short: bounded, so an unclosed `<arg_key>` costs a short look, not a scan (stripped by the reader).
+_ARG_KEY = re.compile(r"<arg_key>([^<]{0,256})</arg_key>\s*<arg_value>")
 
 
 @tool_call_family("glm45", marker=_GLM_CALL.pattern, precedence=30)
 def glm45(text: str, params: Params) -> list[ParsedCall]:
     """GLM-4.5/4.6/4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`."""
-    return _tagged_calls(text, _GLM_CALL, _ARG_KEY, "</arg_value>", r"\s*(?:<arg_key>|</tool_call>)")
+    return _tagged_calls(text, _GLM_CALL, _ARG_KEY, "</arg_value>", "<arg_key>|</tool_call>")
 
 
 _INVOKE = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>")
-_NAMED_PARAMETER = re.compile(r"\s*<parameter\s+name=\"([^\"]+)\"\s*>")
+_NAMED_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>")
 
 
 def _invokes(text: str) -> list[ParsedCall]:
-    return _tagged_calls(text, _INVOKE, _NAMED_PARAMETER, "</parameter>", r"\s*(?:<parameter\s+name=|</invoke>)")
+    return _tagged_calls(text, _INVOKE, _NAMED_PARAMETER, "</parameter>", r"<parameter\s+name=|</invoke>")
 
 
 @tool_call_family("claude_xml", marker=r"<function_calls>|<invoke\s+name=", precedence=15)

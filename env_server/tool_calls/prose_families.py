@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from env_server.tool_calls.arguments import framed_json_calls, load_value, parse_arguments
-from env_server.tool_calls.registry import Params, ParsedCall, markers, tool_call_family
+from env_server.tool_calls.registry import Params, ParsedCall, tool_call_family
+from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, markers
 
 _COMMAND_R = re.compile(r"Action:\s*(?=```)|<\|START_ACTION\|>")
 _COMMAND_R_END = re.compile(r"<\|END_ACTION\|>|```")
@@ -15,7 +16,8 @@ _COMMAND_R_END = re.compile(r"<\|END_ACTION\|>|```")
 def command_r(text: str, params: Params) -> list[ParsedCall]:
     """Cohere Command R/R+: `Action: ```json [{"tool_name": ..., "parameters": {...}}] ````;
     Command A: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>`."""
-    return [c for m in markers(_COMMAND_R, text) for c in framed_json_calls(text, m.end(), _COMMAND_R_END, params)]
+    calls = [c for m, stop in markers(_COMMAND_R, text) for c in framed_json_calls(text, m.end(), _COMMAND_R_END, params, stop)[0]]
+    return calls[:MAX_CALLS_PER_MESSAGE]
 
 
 _REACT = re.compile(
@@ -31,7 +33,7 @@ def react(text: str, params: Params) -> list[ParsedCall]:
     Input that is not JSON or keyword arguments is plain text: it goes to the tool's first
     parameter when the tool is known, else to `input`."""
     calls = []
-    for m in markers(_REACT, text):
+    for m, _ in markers(_REACT, text):
         name, raw = m.group(1), m.group(2).strip()
         known = params.get(name)
         arguments = parse_arguments(_unfence(raw), known)

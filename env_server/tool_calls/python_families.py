@@ -7,7 +7,9 @@ import re
 import tokenize
 
 from env_server.tool_calls.arguments import python_calls
-from env_server.tool_calls.registry import Params, ParsedCall, markers, tool_call_family
+from env_server.tool_calls import budget
+from env_server.tool_calls.registry import Params, ParsedCall, tool_call_family
+from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, markers
 
 # A list whose first item is a call with keyword arguments (or none), as the format prescribes;
 # so a list comprehension like `[f(x) for x in y]` in prose is not taken for calls.
@@ -19,27 +21,30 @@ def llama3_pythonic(text: str, params: Params) -> list[ParsedCall]:
     """Llama 3.2 and Llama 4: `[get_weather(city="Paris"), get_time(tz="UTC")]` (Llama 4 may wrap
     it in `<|python_start|>...<|python_end|>`)."""
     calls: list[ParsedCall] = []
-    for m in markers(_PYTHONIC_LIST, text):
-        end = _closing_bracket(text, m.start(1))
+    for m, stop in markers(_PYTHONIC_LIST, text):
+        end = _closing_bracket(text, m.start(1), stop)
         found = python_calls(text[m.start(1) : end], params) if end is not None else None
         calls.extend(found or [])
     return calls
 
 
-def _closing_bracket(text: str, start: int) -> int | None:
-    """Where the Python list opened at `start` ends (strings and nesting tokenized, so a `]` in
-    an argument does not end it); None if it is never closed or is not Python."""
+def _closing_bracket(text: str, start: int, stop: int) -> int | None:
+    """Where the Python list opened at `start` ends, before `stop` (the next list's line; strings
+    and nesting tokenized, so a `]` in an argument does not end it); None if it is not closed by
+    then or is not Python."""
     depth = 0
-    lines = io.StringIO(text[start:]).readline
+    lines = io.StringIO(text[start:stop]).readline
     try:
-        for token in tokenize.generate_tokens(lines):
+        for n, token in enumerate(tokenize.generate_tokens(lines)):
+            if n % 1024 == 0:
+                budget.check()
             if token.type == tokenize.OP and token.string in "([{":
                 depth += 1
             elif token.type == tokenize.OP and token.string in ")]}":
                 depth -= 1
                 if depth == 0:
                     row, col = token.end
-                    return start + _offset(text[start:], row, col)
+                    return start + _offset(text[start:stop], row, col)
     except (tokenize.TokenError, SyntaxError):
         return None
     return None
@@ -56,4 +61,4 @@ _TOOL_CODE = re.compile(r"```[ \t]*tool_code[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 @tool_call_family("gemma", marker=r"```[ \t]*tool_code", precedence=10)
 def gemma(text: str, params: Params) -> list[ParsedCall]:
     """Gemma: a ```tool_code block of Python calls, `print(...)`-wrapped or not, one per line."""
-    return [c for m in markers(_TOOL_CODE, text) for c in python_calls(m.group(1), params) or []]
+    return [c for m, _ in markers(_TOOL_CODE, text) for c in python_calls(m.group(1), params) or []][:MAX_CALLS_PER_MESSAGE]

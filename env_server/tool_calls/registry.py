@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from itertools import islice
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 Params = Mapping[str, Sequence[str]]
 """Known tool names to their parameter names (may be empty)."""
@@ -31,8 +30,8 @@ class Family:
     """One native tool-call format."""
 
     name: str
-    marker: re.Pattern[str]
-    """Found in a message that claims to hold a call in this format; the family is tried only then."""
+    marker: Callable[[str], object]
+    """Truthy for a message that claims to hold a call in this format; the family is tried only then."""
     precedence: int
     """Lower is tried first: formats framed by special tokens before the generic XML and JSON shapes
     that could appear inside their arguments."""
@@ -43,30 +42,15 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
-def tool_call_family(name: str, marker: str, precedence: int) -> Callable[[FamilyParser], FamilyParser]:
-    """Register the decorated function as the parser of family `name`."""
+def tool_call_family(name: str, marker: str | Callable[[str], object], precedence: int) -> Callable[[FamilyParser], FamilyParser]:
+    """Register the decorated function as the parser of family `name`; `marker` is a regular
+    expression searched for in the message, or a function of the message (where no regular
+    expression finds the marker in linear time)."""
 
     def register(parse: FamilyParser) -> FamilyParser:
         if name in FAMILIES:
             raise ValueError(f"tool-call family {name!r} is registered twice")
-        FAMILIES[name] = Family(name, re.compile(marker), precedence, parse)
+        FAMILIES[name] = Family(name, re.compile(marker).search if isinstance(marker, str) else marker, precedence, parse)
         return parse
 
     return register
-
-
-def segment(text: str, start: int, end_pattern: re.Pattern[str]) -> str:
-    """`text` from `start` to the next match of `end_pattern` (or the end)."""
-    end = end_pattern.search(text, start)
-    return text[start : end.start() if end else len(text)]
-
-
-MAX_CALLS_PER_MESSAGE = 64
-"""Call markers read from one message, at most: each costs up to a pass over the message, so a
-message stuffed with markers costs a bounded number of passes (the service runs far fewer
-calls per step than this)."""
-
-
-def markers(pattern: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
-    """The first MAX_CALLS_PER_MESSAGE matches of `pattern` in `text`."""
-    return islice(pattern.finditer(text), MAX_CALLS_PER_MESSAGE)

@@ -1,0 +1,94 @@
+"""The parse budget: how much one message may cost, in size, in time and in guesswork.
+
+Every family's extraction is a bounded number of forward scans, but the lenient readers behind
+them (json-repair, Python's tokenizer) are slow per character, so a message that sends them its
+whole length at every marker is where parsing used to go super-linear. One budget per message
+(docs/decisions/037-bounded-tool-call-parsing.md):
+
+- size: a message longer than `max_message_chars` is refused before any scan;
+- time: `check()` is called between scans (per marker, per JSON value, per fallback); past the
+  deadline it raises, so the step answers a typed `json_decode` instead of hanging;
+- guesswork: the characters handed to the lenient readers, over the whole message, are capped
+  (`allow_lenient`); past the cap only the exact readers and the parameter-name cut run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from env_server.tool_calls.registry import ToolCallParseError
+
+MAX_MESSAGE_CHARS = 8 * 1024 * 1024
+"""Longest message parsed (twice the service's default 4 MiB body limit, so the limit that
+bites on the wire is the body's)."""
+
+PARSE_SECONDS = 2.0
+"""Wall-clock seconds one message's parse may take. Linear parsing takes well under 1 s for a
+4 MiB message; this is the backstop for what a budget of characters cannot foresee (a loaded host)."""
+
+LENIENT_CHARS = 512 * 1024
+"""Characters of one message that may go to the lenient readers (json-repair, the Python
+literal reader), all calls together: at ~0.5 µs a character, a few hundred ms at most."""
+
+
+class ToolCallBudgetError(ToolCallParseError):
+    """The message exceeded the parse budget (size or time); the service answers `json_decode`."""
+
+
+@dataclass
+class ParseBudget:
+    """What is left of one message's budget."""
+
+    deadline: float
+    lenient_chars: int = LENIENT_CHARS
+    spent_lenient: int = 0
+
+    def check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ToolCallBudgetError(
+                f"Tool-call parsing stopped after {PARSE_SECONDS:g} s: the message is too costly to read. "
+                "Hint: write fewer, smaller calls per message, as valid JSON (or the family's tags)."
+            )
+
+    def allow_lenient(self, chars: int) -> bool:
+        """Whether `chars` more characters may go to a lenient reader; spends them if so."""
+        if self.spent_lenient + chars > self.lenient_chars:
+            return False
+        self.spent_lenient += chars
+        return True
+
+
+_CURRENT: contextvars.ContextVar[ParseBudget | None] = contextvars.ContextVar("tool_call_parse_budget", default=None)
+
+
+@contextmanager
+def parse_budget(text: str, seconds: float = PARSE_SECONDS) -> Iterator[ParseBudget]:
+    """The budget of parsing `text`, current for the block; refuses an oversized text at once."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ToolCallBudgetError(
+            f"The message has {len(text)} characters; tool calls are read from at most {MAX_MESSAGE_CHARS}. "
+            "Hint: write large files in several calls."
+        )
+    budget = ParseBudget(deadline=time.monotonic() + seconds)
+    token = _CURRENT.set(budget)
+    try:
+        yield budget
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> ParseBudget:
+    """The budget of the message being parsed; outside `parse_budget` (a call's arguments parsed
+    alone), a fresh one with no deadline and the usual lenient allowance."""
+    return _CURRENT.get() or ParseBudget(deadline=float("inf"))
+
+
+def check() -> None:
+    """Raise `ToolCallBudgetError` if the current message's time is up."""
+    budget = _CURRENT.get()
+    if budget is not None:
+        budget.check()
