@@ -9,12 +9,14 @@ workspace (/tmp, $HOME, user site-packages) carries over.
 Two modes (docs/decisions/042-call-table-grading.md, 043-pytest-mode-hardening.md):
 - call table (`TaskSpec.hidden_calls`): only the calls' inputs enter the sandbox; the results
   are compared on the host (`env_server.call_checks`). The solution cannot reach the verdict.
-- pytest (`TaskSpec.hidden_tests`): the tests run in the process that imports the solution,
-  so what cannot be closed there is detected and penalised: only test ids found in the hidden
-  files count (an injected test is ignored and flagged, a missing one fails), a canary test
-  that must fail is added under a random name (reported passed: the runner was patched), the run is
-  wrapped by a subreaper guard (`env_server/pytest_guard.py`) whose exit status says whether
-  any process outlived it, and the report is read when no process of the run is left.
+- pytest (`TaskSpec.hidden_tests`): the hidden tests and their canaries sit in a grader
+  directory outside the workspace that the run cannot write (the guard, `env_server/pytest_guard.py`,
+  confines it with Landlock before any submission code starts; decision 055), and pytest runs
+  from there in importlib mode under fresh module names. What the solution can still do in the
+  test process is detected: only test ids found in the hidden files count (an injected test is
+  ignored and flagged, a missing one fails), canaries copied from the file's own tests
+  (`env_server/canaries.py`, decision 056) must fail and report, the guard's exit status says
+  whether any process outlived the run, and the report is read when no process of it is left.
 
 `grade` never raises for what the workspace holds: that is a reward-0 `grading_error`.
 Only a dead agent sandbox or a grading sandbox that cannot be opened raises `SandboxError`.
