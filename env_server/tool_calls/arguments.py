@@ -35,14 +35,13 @@ _JSON_WORDS = {"true": True, "false": False, "null": None}
 _ARGS_TOKEN = "[ARGS]"
 _FENCE_OPEN = re.compile(r"\s*```[ \t]*[\w-]*[ \t]*\n")
 _SEPARATORS = re.compile(r"[\s,;]*")
+_NAMED_TOOL = re.compile(r"[\"'](?:name|tool_name)[\"']\s*:\s*[\"']([A-Za-z_][\w\-.:]{0,255})[\"']")
 # JSON's structure outside strings: a whole string (unrolled, so one linear pass, closed or cut
 # off) or one structural character.
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}\[\],]')
 _CLOSED_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _MAX_NESTING = 512
 """Deeper than any call's arguments, and than the JSON decoder reads."""
-_MAX_STRUCTURE_TOKENS = 100_000
-"""Strings and brackets the lossless repair walks, at most (a truncated call has a few hundred)."""
 _MAX_CUT_MARKERS = 256
 """Parameter-name markers the raw-text cut considers, at most."""
 
@@ -122,7 +121,20 @@ def json_calls(raw: str, params: Params) -> list[ParsedCall]:
         value, exact = load_value(raw)
         values = [] if value is None else [value]
     calls = [c for value in values for c in calls_from_value(value, params)][:MAX_CALLS_PER_MESSAGE]
+    if not values:
+        cut = _cut_call(raw, params)
+        return [] if cut is None else [cut]
     return [_refit(calls[0], raw, params, exact)] if len(calls) == 1 else calls
+
+
+def _cut_call(raw: str, params: Params) -> ParsedCall | None:
+    """A call of a known tool that no reader could read (or afford to: past the lenient budget),
+    its arguments cut out of the raw text at the tool's parameter names."""
+    named = _NAMED_TOOL.search(raw)
+    if named is None or named.group(1) not in params:
+        return None
+    cut = cut_by_parameter_names(raw[named.end() :], params[named.group(1)])
+    return None if cut is None else ParsedCall(named.group(1), cut)
 
 
 def framed_json_calls(
@@ -242,8 +254,9 @@ def _drop_commas_and_close(raw: str) -> str | None:
     out: list[str] = []
     closers: list[str] = []
     last = 0
+    allowance = budget.current()
     for count, token in enumerate(_JSON_TOKEN.finditer(raw)):
-        if count > _MAX_STRUCTURE_TOKENS or len(closers) > _MAX_NESTING:
+        if len(closers) > _MAX_NESTING or (count % 256 == 0 and not allowance.take_tokens(256)):
             return None
         out.append(raw[last : token.start()])
         kind = token.group()[0]

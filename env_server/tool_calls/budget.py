@@ -8,8 +8,9 @@ whole length at every marker is where parsing used to go super-linear. One budge
 - size: a message longer than `max_message_chars` is refused before any scan;
 - time: `check()` is called between scans (per marker, per JSON value, per fallback); past the
   deadline it raises, so the step answers a typed `json_decode` instead of hanging;
-- guesswork: the characters handed to the lenient readers, over the whole message, are capped
-  (`allow_lenient`); past the cap only the exact readers and the parameter-name cut run.
+- guesswork: the characters handed to the lenient readers and the tokens the lossless repair
+  walks, over the whole message, are capped (`allow_lenient`, `take_tokens`); past the caps only
+  the exact readers and the parameter-name cut run.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ PARSE_SECONDS = 2.0
 """Wall-clock seconds one message's parse may take. Linear parsing takes well under 1 s for a
 4 MiB message; this is the backstop for what a budget of characters cannot foresee (a loaded host)."""
 
-LENIENT_CHARS = 512 * 1024
+LENIENT_CHARS = 192 * 1024
 """Characters of one message that may go to the lenient readers (json-repair, the Python
-literal reader), all calls together: at ~0.5 µs a character, a few hundred ms at most."""
+literal reader), all calls together: at 0.5-1.5 µs a character, a few hundred ms at most.
+Larger calls are read exactly, or cut out of the raw text at their parameter names."""
+
+STRUCTURE_TOKENS = 20_000
+"""Strings and brackets of one message that the lossless repair (trailing commas, truncation)
+may walk, all calls together (~2 µs each); a truncated call has a few hundred."""
 
 
 class ToolCallBudgetError(ToolCallParseError):
@@ -46,6 +52,7 @@ class ParseBudget:
     deadline: float
     lenient_chars: int = LENIENT_CHARS
     spent_lenient: int = 0
+    tokens_left: int = STRUCTURE_TOKENS
 
     def check(self) -> None:
         if time.monotonic() > self.deadline:
@@ -60,6 +67,11 @@ class ParseBudget:
             return False
         self.spent_lenient += chars
         return True
+
+    def take_tokens(self, count: int) -> bool:
+        """Spend `count` structure tokens; False (and nothing left) when fewer remain."""
+        self.tokens_left -= count
+        return self.tokens_left >= 0
 
 
 _CURRENT: contextvars.ContextVar[ParseBudget | None] = contextvars.ContextVar("tool_call_parse_budget", default=None)

@@ -64,7 +64,15 @@ _LLAMA_END = re.compile(r"<\|eom_id\|>|<\|eot_id\|>|<\|python_tag\|>")
 _LEADING_OBJECT = re.compile(r"\A\s*(?=\{)")
 
 
-@tool_call_family("llama3_json", marker=r"<\|python_tag\|>|\A\s*\{\s*" + _NAME_KEY, precedence=50)
+_LEADING_CALL = re.compile(r"\s*\{\s*" + _NAME_KEY)
+
+
+def _llama3_marker(text: str) -> bool:
+    # Two checks, not one alternation: a pattern anchored at the start costs one try, not one per position.
+    return "<|python_tag|>" in text or _LEADING_CALL.match(text) is not None
+
+
+@tool_call_family("llama3_json", marker=_llama3_marker, precedence=50)
 def llama3_json(text: str, params: Params) -> list[ParsedCall]:
     """Llama 3.1/3.3 JSON calls: the message is `{"name": ..., "parameters": {...}}` (several
     separated by `;`), optionally after `<|python_tag|>`; a tagged built-in such as

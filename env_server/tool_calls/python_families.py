@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 
 from env_server.tool_calls.arguments import python_calls
-from env_server.tool_calls import budget
 from env_server.tool_calls.registry import Params, ParsedCall, tool_call_family
 from env_server.tool_calls.scanning import MAX_CALLS_PER_MESSAGE, markers
 
 # A list whose first item is a call with keyword arguments (or none), as the format prescribes;
 # so a list comprehension like `[f(x) for x in y]` in prose is not taken for calls.
-_PYTHONIC_LIST = re.compile(r"(?m)^[ \t]*(?:<\|python_(?:start|tag)\|>)?\s*(\[)\s*[A-Za-z_][\w.]*\(\s*(?:\)|[A-Za-z_]\w*\s*=[^=])")
+# Only the tag may be followed by line breaks: `\s*` at every line start would rescan a run of blank lines.
+_PYTHONIC_LIST = re.compile(r"(?m)^[ \t]*(?:<\|python_(?:start|tag)\|>\s*)?(\[)\s*[A-Za-z_][\w.]*\(\s*(?:\)|[A-Za-z_]\w*\s*=[^=])")
 
 
 @tool_call_family("llama3_pythonic", marker=_PYTHONIC_LIST.pattern, precedence=50)
@@ -29,30 +27,34 @@ def llama3_pythonic(text: str, params: Params) -> list[ParsedCall]:
 
 
 def _closing_bracket(text: str, start: int, stop: int) -> int | None:
-    """Where the Python list opened at `start` ends, before `stop` (the next list's line; strings
-    and nesting tokenized, so a `]` in an argument does not end it); None if it is not closed by
-    then or is not Python."""
+    """Where the Python list opened at `start` ends, before `stop` (the next list's line), strings
+    and comments skipped so a `]` in an argument does not end it; None if it is not closed by
+    then, or nests deeper or holds more brackets than any call (Python refuses 200 levels)."""
     depth = 0
-    lines = io.StringIO(text[start:stop]).readline
-    try:
-        for n, token in enumerate(tokenize.generate_tokens(lines)):
-            if n % 1024 == 0:
-                budget.check()
-            if token.type == tokenize.OP and token.string in "([{":
-                depth += 1
-            elif token.type == tokenize.OP and token.string in ")]}":
-                depth -= 1
-                if depth == 0:
-                    row, col = token.end
-                    return start + _offset(text[start:stop], row, col)
-    except (tokenize.TokenError, SyntaxError):
-        return None
+    for count, token in enumerate(_PYTHON_TOKEN.finditer(text, start, stop)):
+        if count > _MAX_BRACKETS or depth > _MAX_DEPTH:
+            return None
+        kind = token.group()
+        if kind in ("(", "[", "{"):
+            depth += 1
+        elif kind in (")", "]", "}"):
+            depth -= 1
+            if depth == 0:
+                return token.end()
     return None
 
 
-def _offset(text: str, row: int, col: int) -> int:
-    """The string index of tokenize's (row, col) position."""
-    return sum(len(line) for line in text.splitlines(keepends=True)[: row - 1]) + col
+# What can hide a bracket, each in one step (strings, triple-quoted or not, and comments), or a
+# bracket; unrolled loops, so every match is one linear pass.
+_PYTHON_TOKEN = re.compile(
+    r"'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
+    r"|'[^'\\\n]*(?:\\.[^'\\\n]*)*'"
+    r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+    r"|#[^\n]*|[()\[\]{}]"
+)
+_MAX_DEPTH = 200
+_MAX_BRACKETS = 100_000
 
 
 _TOOL_CODE = re.compile(r"```[ \t]*tool_code[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
