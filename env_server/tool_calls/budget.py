@@ -78,14 +78,14 @@ _CURRENT: contextvars.ContextVar[ParseBudget | None] = contextvars.ContextVar("t
 
 
 @contextmanager
-def parse_budget(text: str, seconds: float = PARSE_SECONDS) -> Iterator[ParseBudget]:
+def parse_budget(text: str) -> Iterator[ParseBudget]:
     """The budget of parsing `text`, current for the block; refuses an oversized text at once."""
     if len(text) > MAX_MESSAGE_CHARS:
         raise ToolCallBudgetError(
             f"The message has {len(text)} characters; tool calls are read from at most {MAX_MESSAGE_CHARS}. "
             "Hint: write large files in several calls."
         )
-    budget = ParseBudget(deadline=time.monotonic() + seconds)
+    budget = ParseBudget(deadline=time.monotonic() + PARSE_SECONDS)
     token = _CURRENT.set(budget)
     try:
         yield budget

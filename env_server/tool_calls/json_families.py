@@ -43,7 +43,8 @@ def hermes(text: str, params: Params) -> list[ParsedCall]:
     return _framed(text, _TOOL_CALL, _TOOL_CALL_END, params)
 
 
-_FUNCTION_JSON = re.compile(r"<function=([^>\s]+)\s*>(?=\s*\{)")
+# Names hold no `<`: a run of unclosed `<function=` openers costs one look each, not a scan to the end.
+_FUNCTION_JSON = re.compile(r"<function=([^<>\s]{1,256})\s*>(?=\s*\{)")
 _FUNCTION_END = re.compile(r"</function>")
 
 

@@ -69,8 +69,8 @@ def _strip_one_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-_FUNCTION = re.compile(r"<function=([^>\s]+)\s*>(?!\s*\{)")
-_PARAMETER = re.compile(r"<parameter=([^>\s]+)\s*>")
+_FUNCTION = re.compile(r"<function=([^<>\s]{1,256})\s*>(?!\s*\{)")
+_PARAMETER = re.compile(r"<parameter=([^<>\s]{1,256})\s*>")
 
 
 @tool_call_family("qwen3_coder", marker=_FUNCTION.pattern, precedence=20)
@@ -93,8 +93,8 @@ def glm45(text: str, params: Params) -> list[ParsedCall]:
     return _tagged_calls(text, _GLM_CALL, _ARG_KEY, "</arg_value>", "<arg_key>|</tool_call>")
 
 
-_INVOKE = re.compile(r"<invoke\s+name=\"([^\"]+)\"\s*>")
-_NAMED_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"]+)\"\s*>")
+_INVOKE = re.compile(r"<invoke\s+name=\"([^\"<]{1,256})\"\s*>")
+_NAMED_PARAMETER = re.compile(r"<parameter\s+name=\"([^\"<]{1,256})\"\s*>")
 
 
 def _invokes(text: str) -> list[ParsedCall]:

@@ -24,7 +24,9 @@ def markers(pattern: re.Pattern[str], text: str) -> Iterator[tuple[re.Match[str]
     ends (the next match's start, or the end of the text); the time budget is checked at each."""
     found = islice(pattern.finditer(text), MAX_CALLS_PER_MESSAGE + 1)
     match = next(found, None)
-    while match is not None:
+    for _ in range(MAX_CALLS_PER_MESSAGE):
+        if match is None:
+            return
         budget.check()
         following = next(found, None)
         yield match, following.start() if following is not None else len(text)
