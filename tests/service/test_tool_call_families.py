@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from env_server.tool_call_parser import TOOL_CALL_FAMILIES, ParsedCall, ToolCallParseError, parse_arguments, parse_tool_calls
+from env_server.tool_call_parser import TOOL_CALL_FAMILIES, ParsedCall, ToolCallBudgetError, ToolCallParseError, parse_arguments, parse_tool_calls
+from env_server.tool_calls import budget
 
 PARAMS = {"bash": ["command"], "read_file": ["path"], "write_file": ["path", "content"], "get_weather": ["city", "unit"]}
 LS = ParsedCall("bash", {"command": "ls"})
@@ -184,3 +185,73 @@ def test_hostile_messages_fail_cleanly(text: str) -> None:
     except ToolCallParseError:
         return
     assert len(calls) <= 64
+
+
+# Adversarial messages: every one is read in one forward pass, and the calls it does hold come out.
+BIG = 1024 * 1024
+HERMES_LS = CASES["hermes"][0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Unclosed openers and partial tags by the hundred thousand, then a real call.
+        ("<function=bash" * (BIG // 14) + "\n" + HERMES_LS, [LS]),
+        ("<tool_call>{" * (BIG // 12) + "\n" + CASES["qwen3_coder"][0], [LS]),
+        ('<invoke name="bash' * (BIG // 18) + CASES["claude_xml"][0], [LS]),
+        ("<|tool_call_begin|>" + " " * BIG + "x" + CASES["kimi_k2"][0], [LS]),
+        ("to=" * (BIG // 3) + CASES["harmony"][0], [LS]),
+        ("\n" * BIG + CASES["llama3_pythonic"][0], [LS, WEATHER]),
+        ("<|channel|>analysis" * (BIG // 19) + "\n" + HERMES_LS, [LS]),
+        ("</think>" * (BIG // 8) + HERMES_LS, [LS]),
+        # Whitespace runs where the tagged formats allow whitespace.
+        ("<tool_call>bash<arg_key>command</arg_key>" + " " * BIG + "<arg_value>ls</arg_value>" + " " * BIG + "</tool_call>", [LS]),
+        ("<function=bash>\n<parameter=command>\nls\n</parameter>" + " " * BIG + "</function>", [LS]),
+        # One huge argument, read exactly.
+        ('<tool_call>{"name": "write_file", "arguments": {"path": "a.py", "content": "' + "x" * (4 * BIG) + '"}}</tool_call>',
+         [ParsedCall("write_file", {"path": "a.py", "content": "x" * (4 * BIG)})]),
+        # Past the lenient readers' budget: unescaped quotes in a large file are cut out at the parameter names.
+        ('<tool_call>{"name": "write_file", "arguments": {"path": "a.py", "content": "' + 'print("hi")\n' * (BIG // 12) + '"}}</tool_call>',
+         [ParsedCall("write_file", {"path": "a.py", "content": 'print("hi")\n' * (BIG // 12)})]),
+    ],
+    ids=["unclosed-function", "unclosed-tool-call", "unclosed-invoke", "kimi-whitespace", "harmony-to", "blank-lines",
+         "analysis-channels", "lone-closers", "glm-whitespace", "qwen-whitespace", "huge-argument", "huge-unescaped"],
+)
+def test_adversarial_messages_keep_their_calls(text: str, expected: list[ParsedCall]) -> None:
+    assert parse_tool_calls(text, PARAMS) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "bash", "arguments": {"command": "' * (BIG // 56),
+        "[TOOL_CALLS]" + "[" * BIG,
+        '<|tool_call|>[{"a":' * (BIG // 19),
+        "functools[" * (BIG // 10),
+        "[bash(command=" * (BIG // 14),
+        "Action: bash\nAction Input: " * (BIG // 27),
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n{" * (BIG // 40),
+        '{"name": "bash", "arguments": {"command": "ls"}}\n' * (BIG // 50),
+    ],
+    ids=["hermes-openers", "mistral-brackets", "granite-objects", "phi4-openers", "pythonic-openers", "react-openers",
+         "deepseek-openers", "many-calls"],
+)
+def test_adversarial_messages_end_in_a_bounded_typed_result(text: str) -> None:
+    """At most 64 well-formed calls, none, or the typed parse error."""
+    try:
+        calls = parse_tool_calls(text, PARAMS)
+    except ToolCallParseError:
+        return
+    assert len(calls) <= 64
+    assert all(isinstance(call.arguments, dict) for call in calls)
+
+
+def test_a_message_over_the_size_budget_is_refused_with_the_typed_error() -> None:
+    with pytest.raises(ToolCallBudgetError, match="characters"):
+        parse_tool_calls("x" * (budget.MAX_MESSAGE_CHARS + 1), PARAMS)
+
+
+def test_a_message_over_the_time_budget_ends_with_the_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(budget, "PARSE_SECONDS", 0.0)
+    with pytest.raises(ToolCallBudgetError, match="parsing stopped"):
+        parse_tool_calls(HERMES_LS, PARAMS)
