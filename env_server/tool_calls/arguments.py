@@ -42,6 +42,8 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}\[\],]')
 _CLOSED_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _MAX_NESTING = 512
 """Deeper than any call's arguments, and than the JSON decoder reads."""
+_MAX_LITERAL_TOKENS = 20_000
+"""Tokens of a Python literal checked for implicit concatenation, at most (a call has dozens)."""
 _MAX_CUT_MARKERS = 256
 """Parameter-name markers the raw-text cut considers, at most."""
 
@@ -238,11 +240,17 @@ def _call_from_object(obj: dict[str, Any], params: Params) -> ParsedCall | None:
 
 def _python_literal(raw: str) -> Any:
     """`ast.literal_eval`, refusing implicit string concatenation: `"split(" ")"` is an unescaped
-    quote in JSON, not the two Python literals `"split("` and `")"`."""
-    kinds = [t.type for t in tokenize.generate_tokens(io.StringIO(raw).readline) if t.type not in _LAYOUT_TOKENS]
+    quote in JSON, not the two Python literals `"split("` and `")"`. The literal is read first
+    (the parser is fast and refuses most text at once); only a literal is tokenized, and only
+    one of at most _MAX_LITERAL_TOKENS tokens (the tokenizer costs microseconds a token)."""
+    value = ast.literal_eval(raw)
+    tokens = islice(tokenize.generate_tokens(io.StringIO(raw).readline), _MAX_LITERAL_TOKENS + 1)
+    kinds = [t.type for t in tokens if t.type not in _LAYOUT_TOKENS]
+    if len(kinds) > _MAX_LITERAL_TOKENS:
+        raise ValueError("a literal too long to check")
     if any(a == b == tokenize.STRING for a, b in zip(kinds, kinds[1:])):
         raise ValueError("adjacent string literals")
-    return ast.literal_eval(raw)
+    return value
 
 
 def _drop_commas_and_close(raw: str) -> str | None:
