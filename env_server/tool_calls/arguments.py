@@ -14,7 +14,7 @@ import json
 import re
 import tokenize
 from itertools import islice
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import json_repair
 
@@ -89,10 +89,8 @@ def load_value(raw: str) -> tuple[Any, bool]:
     raw = raw.strip()
     if not raw:
         return None, False
-    for text in (raw, _drop_commas_and_close(raw)):
+    for text in _lossless_readings(raw):
         budget.check()
-        if text is None:
-            continue
         try:
             # strict=False: raw newlines/tabs inside strings; raw_decode: prose after the value.
             return _LENIENT_JSON.raw_decode(text)[0], True
@@ -112,6 +110,14 @@ def load_value(raw: str) -> tuple[Any, bool]:
         return None, False
     # json-repair answers '' (or a bare string) for text it cannot read as JSON.
     return (repaired if isinstance(repaired, (dict, list)) else None), False
+
+
+def _lossless_readings(raw: str) -> Iterator[str]:
+    """`raw`, then (only if asked for) `raw` without trailing commas and with the closers it lacks."""
+    yield raw
+    fixed = _drop_commas_and_close(raw)
+    if fixed is not None:
+        yield fixed
 
 
 def json_calls(raw: str, params: Params) -> list[ParsedCall]:
@@ -284,7 +290,7 @@ def _drop_commas_and_close(raw: str) -> str | None:
 
 
 def _drop_trailing_comma(out: list[str]) -> None:
-    """Drop a `,` that ends what `out` holds (whitespace after it kept out of the way)."""
+    """Drop a `,` that ends what `out` holds, ignoring whitespace after it (which goes too)."""
     while out and not out[-1].strip():
         out.pop()
     if out and out[-1].rstrip().endswith(","):
