@@ -62,8 +62,6 @@ class ToolOutcome:
     """Set when a failure ended the episode; with `grade` too when the workspace could not be graded."""
     step_limit_reached: bool = False
     """The step used the task's last step, so the workspace was graded after it."""
-    monitor_flags: list[MonitorFlag] = field(default_factory=list)
-    """What the monitor flagged in this step's call (the environment scans the call, not the tool)."""
 
     @property
     def done(self) -> bool:
