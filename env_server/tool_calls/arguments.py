@@ -44,6 +44,7 @@ _MAX_NESTING = 512
 """Deeper than any call's arguments, and than the JSON decoder reads."""
 _MAX_LITERAL_TOKENS = 20_000
 """Tokens of a Python literal checked for implicit concatenation, at most (a call has dozens)."""
+_NOT_READ = object()
 _MAX_CUT_MARKERS = 256
 """Parameter-name markers the raw-text cut considers, at most."""
 
@@ -96,20 +97,25 @@ def load_value(raw: str) -> tuple[Any, bool]:
             return _LENIENT_JSON.raw_decode(text)[0], True
         except (ValueError, RecursionError):
             pass
-    # The lenient readers are slow per character: the message's budget bounds what they read.
-    if not budget.current().allow_lenient(len(raw)):
+    # The lenient readers are slow per character, json-repair super-linear on some shapes: the
+    # message's budget bounds what they read and how long they run.
+    allowance = budget.current()
+    if not allowance.allow_lenient(len(raw)):
         return None, False
-    try:
-        return _python_literal(raw), True  # Python-style dicts: single quotes, None, True
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
-        pass
+    literal = allowance.run_lenient(lambda: _python_literal(raw))
+    if literal is not _NOT_READ and literal is not None:
+        return literal, True
     budget.check()
-    try:
-        repaired = json_repair.loads(raw)
-    except (RecursionError, ValueError):  # nesting deeper than any call's arguments
-        return None, False
+    repaired = allowance.run_lenient(lambda: _json_repaired(raw))
     # json-repair answers '' (or a bare string) for text it cannot read as JSON.
     return (repaired if isinstance(repaired, (dict, list)) else None), False
+
+
+def _json_repaired(raw: str) -> Any:
+    try:
+        return json_repair.loads(raw)
+    except (RecursionError, ValueError):  # nesting deeper than any call's arguments
+        return None
 
 
 def _lossless_readings(raw: str) -> Iterator[str]:
@@ -245,6 +251,14 @@ def _call_from_object(obj: dict[str, Any], params: Params) -> ParsedCall | None:
 
 
 def _python_literal(raw: str) -> Any:
+    """`raw` as a Python literal (single-quoted strings, None, True), or _NOT_READ."""
+    try:
+        return _checked_literal(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
+        return _NOT_READ
+
+
+def _checked_literal(raw: str) -> Any:
     """`ast.literal_eval`, refusing implicit string concatenation: `"split(" ")"` is an unescaped
     quote in JSON, not the two Python literals `"split("` and `")"`. The literal is read first
     (the parser is fast and refuses most text at once); only a literal is tokenized, and only

@@ -8,18 +8,20 @@ whole length at every marker is where parsing used to go super-linear. One budge
 - size: a message longer than `max_message_chars` is refused before any scan;
 - time: `check()` is called between scans (per marker, per JSON value, per fallback); past the
   deadline it raises, so the step answers a typed `json_decode` instead of hanging;
-- guesswork: the characters handed to the lenient readers and the tokens the lossless repair
-  walks, over the whole message, are capped (`allow_lenient`, `take_tokens`); past the caps only
-  the exact readers and the parameter-name cut run.
+- guesswork: the characters handed to the lenient readers, their time (`run_lenient`, a
+  watchdog that stops them) and the tokens the lossless repair walks, over the whole message,
+  are capped; past the caps only the exact readers and the parameter-name cut run.
 """
 
 from __future__ import annotations
 
 import contextvars
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from types import FrameType
+from typing import Any, Callable, Iterator, TypeVar
 
 from env_server.tool_calls.registry import ToolCallParseError
 
@@ -36,13 +38,26 @@ LENIENT_CHARS = 192 * 1024
 literal reader), all calls together: at 0.5-1.5 µs a character, a few hundred ms at most.
 Larger calls are read exactly, or cut out of the raw text at their parameter names."""
 
+LENIENT_SECONDS = 0.25
+"""Seconds of one message's parse the lenient readers may take, all calls together. json-repair
+is super-linear on some shapes (8 KiB of `{"{"{"...` take seconds), so a character budget alone
+cannot bound it: it runs under a watchdog that stops it when this time is spent."""
+
 STRUCTURE_TOKENS = 20_000
 """Strings and brackets of one message that the lossless repair (trailing commas, truncation)
 may walk, all calls together (~2 µs each); a truncated call has a few hundred."""
 
 
+T = TypeVar("T")
+
+
 class ToolCallBudgetError(ToolCallParseError):
     """The message exceeded the parse budget (size or time); the service answers `json_decode`."""
+
+
+class _LenientTimeUp(BaseException):
+    """Raised inside a lenient reader whose time is spent; a BaseException, so that no handler of
+    the reader's own (`except Exception`, `except ValueError`) can swallow it."""
 
 
 @dataclass
@@ -52,6 +67,7 @@ class ParseBudget:
     deadline: float
     lenient_chars: int = LENIENT_CHARS
     spent_lenient: int = 0
+    lenient_seconds: float = LENIENT_SECONDS
     tokens_left: int = STRUCTURE_TOKENS
 
     def check(self) -> None:
@@ -67,6 +83,29 @@ class ParseBudget:
             return False
         self.spent_lenient += chars
         return True
+
+    def run_lenient(self, read: Callable[[], T]) -> T | None:
+        """`read()`, stopped (None) once the lenient readers' time or the deadline is spent.
+
+        The watchdog is a trace function that sees every Python call the reader makes (json-repair
+        makes several per character) and raises when time is up; it is this thread's alone, and
+        whatever tracer was installed (a coverage tool) is put back after."""
+        started = time.monotonic()
+        stop_at = min(self.deadline, started + self.lenient_seconds)
+
+        def watchdog(frame: FrameType, event: str, arg: Any) -> None:
+            if time.monotonic() > stop_at:
+                raise _LenientTimeUp
+
+        previous = sys.gettrace()
+        sys.settrace(watchdog)
+        try:
+            return read()
+        except _LenientTimeUp:
+            return None
+        finally:
+            sys.settrace(previous)
+            self.lenient_seconds -= time.monotonic() - started
 
     def take_tokens(self, count: int) -> bool:
         """Spend `count` structure tokens; False (and nothing left) when fewer remain."""

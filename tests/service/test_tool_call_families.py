@@ -232,9 +232,11 @@ def test_adversarial_messages_keep_their_calls(text: str, expected: list[ParsedC
         "Action: bash\nAction Input: " * (BIG // 27),
         "<｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n{" * (BIG // 40),
         '{"name": "bash", "arguments": {"command": "ls"}}\n' * (BIG // 50),
+        # json-repair takes seconds on 8 KiB of this: its watchdog stops it.
+        "<tool_call>" + '{"' * 8192,
     ],
     ids=["hermes-openers", "mistral-brackets", "granite-objects", "phi4-openers", "pythonic-openers", "react-openers",
-         "deepseek-openers", "many-calls"],
+         "deepseek-openers", "many-calls", "repair-super-linear"],
 )
 def test_adversarial_messages_end_in_a_bounded_typed_result(text: str) -> None:
     """At most 64 well-formed calls, none, or the typed parse error."""
