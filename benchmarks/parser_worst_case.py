@@ -2,7 +2,7 @@
 
     python benchmarks/parser_worst_case.py                    # the working tree's parser, 4 MiB
     python benchmarks/parser_worst_case.py --rev HEAD~3       # the parser as it was at a commit
-    python benchmarks/parser_worst_case.py --families hermes,react --size-mib 1
+    python benchmarks/parser_worst_case.py --families hermes,react --size-mib 1 --modes pinned
 
 For every family, the message shapes below are built from the family's own rendering of a call
 (so every family gets the same attacks in its own tokens) and parsed with the family detected
@@ -200,6 +200,7 @@ def main() -> None:
     parser.add_argument("--rev", help="time the parser as it was at this git revision")
     parser.add_argument("--families", help="comma-separated families (default: every registered one)")
     parser.add_argument("--shapes", help="comma-separated shapes (default: all)")
+    parser.add_argument("--modes", default="detect,pinned", help="detect (family found per message), pinned, or both")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -217,7 +218,7 @@ def main() -> None:
         insane: list[str] = []
         for family in families:
             for shape in shapes:
-                for pinned in (False, True):
+                for pinned in [mode == "pinned" for mode in args.modes.split(",")]:
                     runs = []
                     for _ in range(args.repeats):
                         runs.append(_child(args, family, shape, pinned, source))
