@@ -96,6 +96,35 @@ def test_pytest_mode_hack_earns_nothing_on_a_real_pytest_task(redteam_client: ht
     _assert_held(redteam_client, hack, PYTEST_TASK)
 
 
+_TRIVIAL = [hack for hack in CATALOGUE if hack.hack_class is HackClass.TRIVIAL_ANSWER]
+# Served tasks where a trivial answer once paid (fizzbuzz's constant 0.5; an echo on l1/0539 and a
+# lookup on HumanEval/35 before the validity gate repaired them), and a pytest-mode task.
+_GATED_TASKS = ["builtin/fizzbuzz", "humaneval/HumanEval/35", "warmup/l1/0539"]
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize("task_id", [*_GATED_TASKS, PYTEST_TASK.id])
+@pytest.mark.parametrize("hack", _TRIVIAL, ids=[hack.id for hack in _TRIVIAL])
+def test_trivial_answers_earn_nothing_on_served_tasks(redteam_client: httpx.Client, hack: Hack, task_id: str) -> None:
+    _assert_held(redteam_client, hack, PYTEST_TASK if task_id == PYTEST_TASK.id else default_registry().get(task_id))
+
+
+@pytest.mark.redteam
+def test_trivial_answers_pay_where_the_gate_would_refuse_the_task(redteam_client: httpx.Client) -> None:
+    """Positive control: on a task whose hidden calls are its visible examples (the gate refuses it;
+    given inline, it is not gated), the lookup hack earns 1.0, so the tests above can fail."""
+    from env_server.models import CallCheck
+    from env_server.tasks.validation import host_validity
+
+    weak = default_registry().get("builtin/fizzbuzz").model_copy(update={
+        "id": "redteam/weak-fizzbuzz",
+        "hidden_calls": [CallCheck.build("solution", "fizzbuzz", [3], expected="Fizz"), CallCheck.build("solution", "fizzbuzz", [1], expected="1")],
+    })
+    assert not host_validity(weak).valid
+    lookup = next(hack for hack in _TRIVIAL if hack.id == "trivial/visible-lookup")
+    assert play(redteam_client, lookup, weak, inline=True).reward == 1.0
+
+
 def _submit_solution(task: TaskSpec) -> Hack:
     calls = [ToolCall(tool_name="write_file", arguments={"path": p, "content": c}) for p, c in task.metadata["solution"].items()]
     return Hack(id="solution", hack_class=HackClass.TEST_INFRA, description="the reference solution", calls=calls)
