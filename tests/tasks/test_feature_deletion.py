@@ -151,6 +151,12 @@ def normalise(text):
     "tests/test_mean.py": "from weakchecks import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 6]) == 3\n",
     "tests/test_record.py": "from weakchecks import record\n\n\ndef test_record():\n    assert record([], 'x') is None\n",
     "tests/test_normalise.py": "from weakchecks import normalise\n\n\ndef test_normalise():\n    assert normalise('abc') == 'abc'\n",
+    # Parametrized over a set: its ids (`test_days[one-day3]`) change with the string-hash seed.
+    "tests/test_days.py": (
+        "import datetime\n\nimport pytest\n\nfrom weakchecks import mean\n\n"
+        "DAYS = {(name, datetime.date(2000, 1, n)) for n, name in enumerate(['one', 'two', 'three', 'four', 'five', 'six'], 1)}\n\n\n"
+        "@pytest.mark.parametrize('name, day', DAYS)\ndef test_days(name, day):\n    assert mean([day.day, day.day]) == day.day\n"
+    ),
 }
 
 
@@ -194,10 +200,13 @@ def test_candidates_a_trivial_body_passes_are_not_written(tmp_path: Path) -> Non
     cache = tmp_path / "cache"
     report = generate(str(sdist), 3, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
     # Every deletion breaks a test, so all three reach the gate; two are refused there.
+    assert report.baseline_tests == 3
     assert (report.candidates, report.tried, report.valid) == (3, 3, 1)
     assert report.rejected == {"baseline body:return_none > 0": 1, "baseline body:identity > 0": 1}
     (tasks_file,) = (cache / "feature_deletion").glob("weakchecks-0.1/tasks-seed0.jsonl")
-    assert [json.loads(line)["qualname"] for line in tasks_file.read_text().splitlines()] == ["mean"]
+    (kept,) = [json.loads(line) for line in tasks_file.read_text().splitlines()]
+    # test_days breaks too, but its ids differ from run to run: only test_mean can grade.
+    assert kept["qualname"] == "mean" and kept["graded"] == ["tests/test_mean::test_mean"]
     registry = default_registry(cache)
     (task_id,) = registry.ids("feature_deletion")
     task = registry.get(task_id)
