@@ -25,7 +25,7 @@ import ast
 import hashlib
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 CANARIES_PER_FILE = 3
@@ -63,19 +63,25 @@ class _Test:
     scope: ast.Module | ast.ClassDef
 
 
-def plant(text: str, rng: random.Random, count: int = CANARIES_PER_FILE) -> tuple[str, list[tuple[str, str]]]:
+def plant(
+    text: str, rng: random.Random, count: int = CANARIES_PER_FILE, copyable: Callable[[str, str], bool] | None = None
+) -> tuple[str, list[tuple[str, str]]]:
     """`text` with canaries added, and each canary's (class name or '', test name). The text is
-    returned unchanged (no canary) when it does not parse or defines no test."""
+    returned unchanged (no canary) when it does not parse or defines no test. `copyable(class name
+    or '', test name)` says which tests may be copied (those the reference passes; default all);
+    when it allows none, any test may be."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return text, []
-    tests = list(_tests(tree))
-    if not tests:
+    every = list(_tests(tree))
+    if not every:
         return text, []
+    allowed = [test for test in every if copyable is None or copyable(_scope_name(test), test.node.name)]
+    tests = allowed or every
     chooser = random.Random(hashlib.sha256(text.encode()).digest())  # the same canaries at every grading
     changed = [(test, edits) for test in tests if (edits := _failing_edits(test.node, chooser)) is not None]
-    wanted = count if len(tests) >= count else 2
+    wanted = count if len(every) >= count else 2
     if changed:
         picks = chooser.sample(changed, min(wanted, len(changed)))
         # A test copied twice is changed twice, each its own way (identical twins would point
@@ -90,9 +96,9 @@ def plant(text: str, rng: random.Random, count: int = CANARIES_PER_FILE) -> tupl
     insertions: list[tuple[int, bytes]] = []
     planted = []
     for test, edits in picks:
-        name = _fresh_name(test, tests, taken, rng)
+        name = _fresh_name(test, every, taken, rng)
         taken.add(name)
-        scope_tests = [other.node for other in tests if other.scope is test.scope]
+        scope_tests = [other.node for other in every if other.scope is test.scope]
         anchor = rng.choice(scope_tests)
         gap = b"\n\n" if isinstance(test.scope, ast.Module) else b"\n"
         copy = _copy(lines, test.node, edits, name)
@@ -101,10 +107,14 @@ def plant(text: str, rng: random.Random, count: int = CANARIES_PER_FILE) -> tupl
             insertions.append((anchor.end_lineno or anchor.lineno, gap + copy))
         else:
             insertions.append((_first_line(anchor) - 1, copy + gap))
-        planted.append((test.scope.name if isinstance(test.scope, ast.ClassDef) else "", name))
+        planted.append((_scope_name(test), name))
     for after, block in sorted(insertions, key=lambda item: item[0], reverse=True):
         lines.insert(after, block)
     return b"".join(lines).decode(), planted
+
+
+def _scope_name(test: _Test) -> str:
+    return test.scope.name if isinstance(test.scope, ast.ClassDef) else ""
 
 
 def _tests(tree: ast.Module) -> Iterator[_Test]:

@@ -432,32 +432,59 @@ writable for the tests (AgentBench checks write there); /dev/shm does not."""
 _WRITABLE = ("/tmp", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/pts")
 
 
+_TEST_DIRECTORY_NAMES = frozenset({"tests", "test", "testing"})
+
+
 def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
     """The files of the grader's copy of the suite (relative to its root directory) and the
     canaries planted in each hidden module (module path -> [(class or '', name)]).
 
     The hidden tests (with canaries) sit under `prefix`, a fresh random directory name, so
     their module names (importlib mode: the path below the root) are new at every grading and
-    nothing importable could have been prepared under them. Beside them: the task's own
-    `conftest.py` files on their way (fixtures), and the task's data files in their directories;
-    no `__init__.py` (a package would be imported by its name, which the workspace could hold)."""
+    nothing importable could have been prepared under them. Beside them, from the task's original
+    tree (never the agent's copies): its `conftest.py` files on their way (fixtures), its data files
+    in their directories, and the Python files of the test directories that hold them (a
+    `tests/__init__.py` that `from . import Mixin` reads, a `test/common.py` helper). The suite root
+    and those test directories go first on `sys.path` (`pythonpath`), so a relative import finds
+    the package `<prefix>.tests` and a bare sibling import finds the grader's copy before anything
+    in the workspace. Source directories never do: the solution is imported from the workspace."""
     original = {**task.files, **task.visible_tests}
     rng = random.Random(uuid.uuid4().int)
-    files: dict[str, str] = {"pytest.ini": "[pytest]\n"}
+    graded = task.metadata.get("graded_test_ids")
     canaries: dict[str, list[tuple[str, str]]] = {}
+    files: dict[str, str] = {}
     directories = set()
+    test_directories = set()
     for path, text in task.hidden_tests.items():
-        files[f"{prefix}/{path}"], planted = canaries_module.plant(text, rng)
-        canaries[PurePosixPath(path).with_suffix("").as_posix()] = planted
+        module = PurePosixPath(path).with_suffix("").as_posix()
+        # Only a test the reference passes is copied into a canary (a copy of a test that fails
+        # anyway, its assertion changed, would pass against an honest solution).
+        copyable = None if not graded else lambda scope, name, module=module: _is_graded(module, scope, name, graded)
+        files[f"{prefix}/{path}"], planted = canaries_module.plant(text, rng, copyable=copyable)
+        canaries[module] = planted
         directories.update(parent.as_posix() for parent in PurePosixPath(path).parents)
+        parent = PurePosixPath(path).parent
+        if _TEST_DIRECTORY_NAMES & set(parent.parts):
+            test_directories.add(parent.as_posix())
     for path, text in original.items():
         pure = PurePosixPath(path)
         parent = pure.parent.as_posix()
         if pure.name == "conftest.py" and parent in directories:
             files[f"{prefix}/{path}"] = text
+        elif pure.suffix == ".py" and parent in test_directories and path not in task.hidden_tests:
+            files[f"{prefix}/{path}"] = text
         elif pure.suffix not in (".py", ".pyc") and parent in directories and parent != ".":
             files[f"{prefix}/{path}"] = text
+    search = " ".join([".", *(f"{prefix}/{directory}" for directory in sorted(test_directories))])
+    files["pytest.ini"] = f"[pytest]\npythonpath = {search}\n"
     return files, canaries
+
+
+def _is_graded(module: str, scope: str, name: str, graded: Iterable[str]) -> bool:
+    """Whether `module`'s test `name` (in class `scope`, or at module level when '') is among the
+    graded ids (parameters ignored)."""
+    wanted = f"{module}/{scope}::{name}" if scope else f"{module}::{name}"
+    return any(test.split("[", 1)[0] == wanted for test in graded)
 
 
 def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) -> HiddenTestRun:

@@ -116,3 +116,11 @@ def test_a_file_with_no_changeable_test_gets_copies_that_fail_first_thing(tmp_pa
     outcomes = _outcomes(path)
     assert outcomes["test_fallback::test_runs"] is True
     assert [ok for test, ok in outcomes.items() if test != "test_fallback::test_runs"] == [False, False]
+
+
+def test_only_tests_the_caller_allows_are_copied() -> None:
+    text = "def test_good():\n    assert 1 + 1 == 2\n\n\ndef test_broken_upstream():\n    assert 'a' == 'b'\n"
+    for seed in range(5):
+        planted_text, planted = canaries.plant(text, random.Random(seed), copyable=lambda scope, name: name == "test_good")
+        copies = [node for node in ast.parse(planted_text).body if isinstance(node, ast.FunctionDef) and node.name in {n for _, n in planted}]
+        assert copies and all("'a'" not in ast.unparse(node) for node in copies)
