@@ -99,11 +99,14 @@ def plant(
         name = _fresh_name(test, every, taken, rng)
         taken.add(name)
         scope_tests = [other.node for other in every if other.scope is test.scope]
-        anchor = rng.choice(scope_tests)
+        # Where it goes is fixed by the file's text, like what is copied: a copy repeats its
+        # original's side effects (module state), so the validity gate must see the order every
+        # later grading runs.
+        anchor = chooser.choice(scope_tests)
         gap = b"\n\n" if isinstance(test.scope, ast.Module) else b"\n"
         copy = _copy(lines, test.node, edits, name)
         # Before or after a real test of its scope: the original is not always the first of the two.
-        if rng.random() < 0.5:
+        if chooser.random() < 0.5:
             insertions.append((anchor.end_lineno or anchor.lineno, gap + copy))
         else:
             insertions.append((_first_line(anchor) - 1, copy + gap))

@@ -112,11 +112,12 @@ def test_forks_continue_the_episode_and_are_independent(client: httpx.Client, se
         solutions = {session: "right", forks[0]: "half", forks[2]: "right", grandchild: "half"}
         for member, name in solutions.items():
             member.step("write_file", {"path": "solution.py", "content": SOLUTIONS[name]})
-        expected = {session: 1.0, forks[0]: 0.5, forks[1]: 0.0, forks[2]: 1.0, grandchild: 0.5}
-        for member, reward in expected.items():
+        # (reward, hidden tests passed): all-or-nothing reward, the count reported all the same.
+        expected = {session: (1.0, 2), forks[0]: (0.0, 1), forks[1]: (0.0, 0), forks[2]: (1.0, 2), grandchild: (0.0, 1)}
+        for member, (reward, passed) in expected.items():
             graded = member.step("submit")
             assert graded["done"] is True and graded["reward"] == reward, graded
-            assert graded["observation"]["tests_total"] == 2
+            assert (graded["observation"]["tests_passed"], graded["observation"]["tests_total"]) == (passed, 2)
     finally:
         for copy in forks:
             copy.close()

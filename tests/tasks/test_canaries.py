@@ -124,3 +124,13 @@ def test_only_tests_the_caller_allows_are_copied() -> None:
         planted_text, planted = canaries.plant(text, random.Random(seed), copyable=lambda scope, name: name == "test_good")
         copies = [node for node in ast.parse(planted_text).body if isinstance(node, ast.FunctionDef) and node.name in {n for _, n in planted}]
         assert copies and all("'a'" not in ast.unparse(node) for node in copies)
+
+
+def test_canaries_stand_in_the_same_places_at_every_grading() -> None:
+    """A copy repeats its original's side effects, so where it runs must be what the gate saw."""
+    def shape(seed: int) -> list[str]:
+        planted_text, planted = canaries.plant(HIDDEN, random.Random(seed))
+        names = {name for _, name in planted}
+        return ["<canary>" if any(name in line for name in names) else line for line in planted_text.splitlines()]
+
+    assert shape(1) == shape(2) == shape(3)

@@ -128,7 +128,7 @@ def test_the_graded_gate_rejects_a_pytest_task_that_delete_the_body_passes(works
     assert verdict.baseline("body:return_none") == 1.0 and not verdict.valid
 
     strong = weak.model_copy(update={"id": "gate/strong", "hidden_tests": {"test_events.py": (
-        "import events\n\n\ndef test_records():\n    events.log_event('x')\n    assert events.EVENTS == ['x']\n"
+        "import events\n\n\ndef test_records():\n    events.EVENTS.clear()\n    events.log_event('x')\n    assert events.EVENTS == ['x']\n"
     )}})
     verdict = validate_task(strong, workspace)
     assert verdict.valid, verdict.problems
