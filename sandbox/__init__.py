@@ -9,7 +9,7 @@ and hands back the channel to its supervisor; `Sandbox` (`sandbox.runtime`) does
 """
 
 from sandbox.backends import open_sandbox
-from sandbox.base import ArchiveTooLarge, ExecResult, FileTooLarge, SandboxError
+from sandbox.base import ArchiveTooLarge, ExecResult, FileTooLarge, SandboxError, SealingUnavailable
 from sandbox.pool import WarmPool
 from sandbox.runtime import Sandbox
 from sandbox.spec import Backend, BackendSpec, DockerSpec, LocalSpec, SandboxSpec, backend_spec
@@ -25,6 +25,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxSpec",
+    "SealingUnavailable",
     "WarmPool",
     "backend_spec",
     "open_sandbox",

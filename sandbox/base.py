@@ -45,3 +45,8 @@ class ArchiveTooLarge(SandboxError):
 
 class FileTooLarge(SandboxError):
     """`read_file` refused: the file is larger than `max_bytes` (checked before reading)."""
+
+
+class SealingUnavailable(SandboxError):
+    """`put_sealed_archive` refused: this backend runs commands with the supervisor's own identity
+    (bubblewrap, one uid), so nothing it could write would be out of their reach. The sandbox is fine."""

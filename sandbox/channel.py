@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from sandbox.base import ArchiveTooLarge, FileTooLarge, SandboxError
+from sandbox.base import ArchiveTooLarge, FileTooLarge, SandboxError, SealingUnavailable
 
 KEY_BYTES = 32
 MAC_BYTES = 16
@@ -71,7 +71,7 @@ class SupervisorChannel:
         raises SandboxError if none comes. The reply's own payload, if any, is its `"payload"`.
 
         A failure reply is raised as the `OSError` subclass of its errno, as `ArchiveTooLarge` or
-        `FileTooLarge` when it names one of them, else as `SandboxError`.
+        `FileTooLarge` or `SealingUnavailable` when it names one of them, else as `SandboxError`.
         """
         future: Future[dict[str, Any]] = Future()
         with self._lock:
@@ -155,7 +155,7 @@ class SupervisorChannel:
                 future.set_exception(SandboxError(self._closed_reason))
 
 
-_NAMED_ERRORS: dict[str, type[SandboxError]] = {cls.__name__: cls for cls in (ArchiveTooLarge, FileTooLarge)}
+_NAMED_ERRORS: dict[str, type[SandboxError]] = {cls.__name__: cls for cls in (ArchiveTooLarge, FileTooLarge, SealingUnavailable)}
 """Supervisor errors that the host raises as their own SandboxError subclass."""
 
 

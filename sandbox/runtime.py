@@ -119,6 +119,16 @@ class Sandbox:
         """Extract an uncompressed tar archive under `dest`."""
         self._request("put_archive", FILE_OP_TIMEOUT_S, tar_bytes, dest=dest)
 
+    def put_sealed_archive(self, tar_bytes: bytes, dest: str) -> None:
+        """Extract an uncompressed tar archive into `dest`, a new directory right under /dev/shm,
+        as files this sandbox's commands cannot change: owned by the supervisor's identity, files
+        0444 and directories 0555, so they can read them but neither write, remove, rename, chmod
+        nor add anything (decision 058). Only regular files and directories at plain relative
+        paths; a link, device, absolute path or `..` member is refused (SandboxError) before
+        anything is written. FileExistsError if `dest` exists; SealingUnavailable where commands
+        run as the supervisor's own uid (bubblewrap)."""
+        self._request("put_sealed_archive", FILE_OP_TIMEOUT_S, tar_bytes, dest=dest)
+
     def get_archive(self, path: str = ".", max_bytes: int | None = None) -> bytes:
         """Return an uncompressed tar archive of `path`: a directory's members are relative to it,
         a file keeps its base name; symlinks and FIFOs are kept as such, sockets skipped. Raises

@@ -245,9 +245,12 @@ class Supervisor:
                 # The worker's JSON object is spliced, not re-parsed.
                 self.send(b'{"id": %d, ' % request_id + self.payload_fields(result) + fields[1:], result)
                 return
-            if op_name not in ("ping", "exec"):
+            if op_name == "put_sealed_archive":
+                result = self.op_put_sealed_archive(request, payload)
+            elif op_name in ("ping", "exec"):
+                result = getattr(self, "op_" + op_name)(request)
+            else:
                 raise ValueError(f"unknown op {op_name!r}")
-            result = getattr(self, "op_" + op_name)(request)
             self.reply({"id": request_id, "ok": True, **result})
         except Exception as exc:  # every failure becomes a typed reply; the loop must survive
             self.reply({"id": request_id, **error_reply(exc)})
@@ -294,6 +297,15 @@ class Supervisor:
             "oom_killed": oom_before is not None and oom_after is not None and oom_after > oom_before,
             "duration_ms": duration_ms,
         }
+
+    def op_put_sealed_archive(self, request, payload):
+        """Extract the host's archive into a new directory, as this process's own identity, so
+        that commands (another uid, decision 058) can neither change, remove, rename nor add
+        anything there. Only where commands run as another uid; the bubblewrap backend has one."""
+        if self.run_as is None:
+            raise SealingUnavailable("this sandbox runs commands as the supervisor's own uid: nothing it writes is out of their reach")
+        extract_sealed(payload, str(request["dest"]))
+        return {}
 
     def command_launch(self, cmd):
         """argv and Popen identity arguments that run `cmd` as the agent.
@@ -518,6 +530,71 @@ def recv_exactly(sock, size, deadline):
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+SEALED_ROOTS = ("/dev/shm",)
+"""Where sealed directories may be made: a sticky, world-writable directory, where commands can
+make names of their own but never remove or rename the supervisor's."""
+
+
+class SealingUnavailable(Exception):
+    """`put_sealed_archive` where commands share the supervisor's uid (the host's class of that name)."""
+
+
+def sealed_members(archive):
+    """The archive's members as (relative path parts, member), in order; ValueError for anything but
+    a regular file or a directory at a plain relative path (no link, device, FIFO, absolute path
+    or `..`), before anything is written."""
+    members = []
+    for member in archive.getmembers():
+        parts = [part for part in member.name.split("/") if part not in ("", ".")]
+        if member.name.startswith("/") or ".." in parts:
+            raise ValueError(f"sealed archive member {member.name!r}: not a plain relative path")
+        if not (member.isreg() or member.isdir()) or (member.isreg() and not parts):
+            raise ValueError(f"sealed archive member {member.name!r}: only regular files and directories")
+        members.append((parts, member))
+    return members
+
+
+def extract_sealed(payload, dest):
+    """Make `dest` (a new directory right under one of `SEALED_ROOTS`) and extract the uncompressed
+    tar `payload` into it: files 0444 and directories 0555, owned by this process.
+
+    Nothing is followed and nothing that existed is written to: `dest` is made with mkdir (it
+    fails if the name exists), and everything below it is created relative to descriptors of
+    directories made here, with O_EXCL and O_NOFOLLOW, while they are still 0700."""
+    parent, name = os.path.split(os.path.normpath(dest))
+    if parent not in SEALED_ROOTS or name in ("", ".", "..") or dest != os.path.join(parent, name):
+        raise ValueError(f"a sealed directory must be new and right under one of {SEALED_ROOTS}, not {dest!r}")
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as archive:
+        members = sealed_members(archive)
+        os.mkdir(dest, 0o700)
+        root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        directories = {(): root}  # relative path parts -> descriptor, every one made here
+        try:
+            if os.fstat(root).st_uid != os.geteuid():
+                raise PermissionError(errno.EPERM, "the new sealed directory is not ours", dest)
+            for parts, member in members:
+                depth = len(parts) if member.isdir() else len(parts) - 1
+                for level in range(1, depth + 1):
+                    if tuple(parts[:level]) not in directories:
+                        above = directories[tuple(parts[: level - 1])]
+                        os.mkdir(parts[level - 1], 0o700, dir_fd=above)
+                        directories[tuple(parts[:level])] = os.open(
+                            parts[level - 1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=above
+                        )
+                if member.isreg():
+                    fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400, dir_fd=directories[tuple(parts[:-1])])
+                    try:
+                        write_all(fd, archive.extractfile(member).read())
+                        os.fchmod(fd, 0o444)
+                    finally:
+                        os.close(fd)
+            for fd in directories.values():
+                os.fchmod(fd, 0o555)
+        finally:
+            for fd in directories.values():
+                os.close(fd)
 
 
 def resolve(workdir, path):
