@@ -46,7 +46,7 @@ from env_server import call_checks
 from env_server import canaries as canaries_module
 from env_server.models import ErrorKind, MonitorFlag, TaskSpec, workspace_path
 from env_server.pytest_guard import NO_CONFINEMENT_STATUS, NO_SUBREAPER_STATUS, ORPHANS_STATUS
-from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError
+from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError, SealingUnavailable
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
 # a deleted function's compiled body, VCS data its history, package metadata a plugin entry point.
@@ -507,21 +507,28 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     files, canaries = _suite_files(task, prefix)
     written = {f"suite/{path}": text.encode() for path, text in files.items()}
     written["pytest_guard.py"] = (resources.files("env_server") / "pytest_guard.py").read_bytes()
-    grader.put_archive(tar_files(written), grader_dir)
+    try:
+        # Owned by the supervisor, read-only to the run's uid: the confinement where the kernel
+        # has no Landlock (gVisor); the bubblewrap backend has one uid, and Landlock alone (058).
+        grader.put_sealed_archive(tar_files(written), grader_dir)
+    except SealingUnavailable:
+        grader.put_archive(tar_files(written), grader_dir)
+    report_dir = f"{grader_dir}-report"  # the run's own: the sealed directory takes no new name
     targets = " ".join(shlex.quote(f"{suite}/{prefix}/{path}") for path in task.hidden_tests)
     tests = (
         f"{task.grade_command} -p no:cacheprovider -c {suite}/pytest.ini --rootdir={suite} --confcutdir={suite} "
-        f"--import-mode=importlib --junitxml={grader_dir}/report/report.xml -o junit_family=xunit2 {targets}"
+        f"--import-mode=importlib --junitxml={report_dir}/report.xml -o junit_family=xunit2 {targets}"
     )
-    writable = " ".join(f"--writable {shlex.quote(path)}" for path in (grader.spec.workdir, f"{grader_dir}/report", *_WRITABLE))
+    writable = " ".join(f"--writable {shlex.quote(path)}" for path in (grader.spec.workdir, report_dir, *_WRITABLE))
     command = (
-        f"mkdir -m 700 {grader_dir}/report && exec python3 -I {grader_dir}/pytest_guard.py {writable} -- bash -c {shlex.quote(tests)}"
+        f"mkdir -m 700 {report_dir} && exec python3 -I {grader_dir}/pytest_guard.py {writable} --sealed {grader_dir} "
+        f"-- bash -c {shlex.quote(tests)}"
     )
     result = grader.exec(command, timeout_s=task.limits.grade_timeout_s, env=GRADE_ENV)
     output = _scrub_prefix(result.stdout + result.stderr, prefix)
     if result.exit_code == NO_CONFINEMENT_STATUS:
         return HiddenTestRun(passed=[], failed=[], output=output, stray_processes=False,
-                             error="the grading sandbox cannot confine the tests (no Landlock in this kernel)")
+                             error="the grading sandbox cannot confine the tests (no Landlock in this kernel, no sealed files on this backend)")
     trusted = result.exit_code is not None and 0 <= result.exit_code < 100 and not result.timed_out
     if not trusted:
         reason = "timeout" if result.timed_out else {ORPHANS_STATUS: "a process outlived the tests", NO_SUBREAPER_STATUS: "no guard"}.get(
@@ -529,7 +536,7 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
         )
         return HiddenTestRun(passed=[], failed=[], output=f"{output}\n[grader] {reason}", stray_processes=not result.timed_out)
     try:
-        report = grader.read_file(f"{grader_dir}/report/report.xml", max_bytes=MAX_REPORT_BYTES).decode(errors="replace")
+        report = grader.read_file(f"{report_dir}/report.xml", max_bytes=MAX_REPORT_BYTES).decode(errors="replace")
         passed, failed = parse_junit(report)
     except (OSError, FileTooLarge, ElementTree.ParseError):
         passed, failed = [], []

@@ -124,3 +124,27 @@ def test_the_local_backend_says_sealing_is_unavailable(_: None) -> None:
         with pytest.raises(SealingUnavailable, match="own uid"):
             sb.put_sealed_archive(archive(FILES), fresh_dest())
         assert sb.is_alive()
+
+
+# In the command's own user and mount namespaces (gVisor lets uid 1000 make them; Docker's
+# seccomp profile does not under runc), a mount over the sealed directory would show the run
+# other files than the host reads back; neither runtime lets it mount.
+OVERMOUNT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
+    for path, line in (("/proc/self/uid_map", "0 1000 1"), ("/proc/self/gid_map", "0 1000 1")):
+        try:
+            open(path, "w").write(line)
+        except OSError:
+            pass
+mounted = [libc.mount(b"none", sys.argv[1].encode(), b"tmpfs", 0, None), libc.mount(b"/tmp", sys.argv[1].encode(), None, 4096, None)]
+print(mounted, sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_no_namespace_trick_mounts_over_a_sealed_directory(sandbox: Sandbox) -> None:
+    dest = fresh_dest()
+    sandbox.put_sealed_archive(archive(FILES), dest)
+    sandbox.write_file("overmount.py", OVERMOUNT)
+    assert sandbox.exec(f"python3 overmount.py {dest}").stdout == "[-1, -1] ['a.txt', 'pkg']\n"
