@@ -11,7 +11,9 @@ Two modes (docs/decisions/042-call-table-grading.md, 043-pytest-mode-hardening.m
   are compared on the host (`env_server.call_checks`). The solution cannot reach the verdict.
 - pytest (`TaskSpec.hidden_tests`): the hidden tests and their canaries sit in a grader
   directory outside the workspace that the run cannot write (the guard, `env_server/pytest_guard.py`,
-  confines it with Landlock before any submission code starts; decision 055), and pytest runs
+  confines it with Landlock before any submission code starts, decision 055; on Docker the
+  directory is also sealed, owned by the supervisor, which the guard accepts where Landlock is
+  missing, decision 058), and pytest runs
   from there in importlib mode under fresh module names. What the solution can still do in the
   test process is detected: only test ids found in the hidden files count (an injected test is
   ignored and flagged, a missing one fails), canaries copied from the file's own tests
