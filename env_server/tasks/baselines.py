@@ -25,7 +25,7 @@ import ast
 import collections
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,11 +269,14 @@ def _decoded(check: CallCheck) -> tuple[list[Any], dict[str, Any]]:
     return [typed_values.decode(arg) for arg in check.args], {name: typed_values.decode(value) for name, value in check.kwargs.items()}
 
 
-def most_common_hidden_output(task: TaskSpec) -> Any:
-    """The expected value most hidden calls share (None when no call has a plain expected value)."""
-    counts = collections.Counter(
-        typed_values.canonical(check.expected) for check in task.hidden_calls if check.raises is None and check.judge is None
-    )
+def plain_checks(checks: Iterable[CallCheck]) -> list[CallCheck]:
+    """The calls that expect a value (not an exception, not a judge's verdict)."""
+    return [check for check in checks if check.raises is None and check.judge is None]
+
+
+def _commonest_expected(checks: Iterable[CallCheck]) -> Any:
+    """The expected value most of the plain `checks` share (None when there is none)."""
+    counts = collections.Counter(typed_values.canonical(check.expected) for check in plain_checks(checks))
     return typed_values.decode(json.loads(counts.most_common(1)[0][0])) if counts else None
 
 
@@ -293,7 +296,7 @@ def call_table_baselines(task: TaskSpec, seen: VisibleInfo | None = None) -> lis
 
         return _score(task, answer)
 
-    common = most_common_hidden_output(task)
+    common = _commonest_expected(checks)
     scores = [
         _worst("default", ((repr(value), constant_reward(task, value)) for value in TYPE_DEFAULTS)),
         _worst("identity", ((f"argument {which}", argument(which)) for which in [*sorted(positions), *sorted(keywords)])),
@@ -314,12 +317,7 @@ def _lookup_baseline(task: TaskSpec, seen: VisibleInfo, decoded: list[tuple[list
         inputs = [args, tuple(args), kwargs, *([args[0]] if len(args) == 1 and not kwargs else [])]
         was_shown = (check.function, key) in seen.examples or any(seen.shows(value) for value in inputs if value != [] and value != {})
         shown.append(was_shown and check.expected is not None and seen.shows(typed_values.decode(check.expected)))
-    others = collections.Counter(
-        typed_values.canonical(check.expected)
-        for check, is_shown in zip(task.hidden_calls, shown, strict=True)
-        if not is_shown and check.raises is None and check.judge is None
-    )
-    guess = typed_values.decode(json.loads(others.most_common(1)[0][0])) if others else None
+    guess = _commonest_expected(check for check, is_shown in zip(task.hidden_calls, shown, strict=True) if not is_shown)
     reward = _score(task, lambda index, check: _returned(typed_values.decode(check.expected) if shown[index] else guess, check, index))
     return BaselineScore(name="lookup", reward=reward, variant=f"{sum(shown)} shown, else {guess!r}"[:80])
 

@@ -20,7 +20,6 @@ graded part; generators that can run a sandbox (feature deletion) call it on eve
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, Field
@@ -28,7 +27,7 @@ from pydantic import BaseModel, Field
 from env_server import typed_values
 from env_server.grading import grade, prepare_workspace
 from env_server.models import TaskSpec
-from env_server.tasks.baselines import BaselineScore, call_table_baselines, hole_baselines
+from env_server.tasks.baselines import BaselineScore, call_table_baselines, hole_baselines, plain_checks
 from sandbox import Sandbox
 
 MIN_DISTINCT_OUTPUTS = 2
@@ -57,7 +56,7 @@ class Validity(BaseModel):
 
 def distinct_outputs(task: TaskSpec) -> int:
     """How many distinct expected values the task's plain hidden calls hold."""
-    return len({typed_values.canonical(check.expected) for check in task.hidden_calls if check.raises is None and check.judge is None})
+    return len({typed_values.canonical(check.expected) for check in plain_checks(task.hidden_calls)})
 
 
 def host_validity(task: TaskSpec) -> Validity:
@@ -67,9 +66,9 @@ def host_validity(task: TaskSpec) -> Validity:
         return Validity(task_id=task.id, valid=True)
     baselines = call_table_baselines(task)
     problems = [f"baseline {score.name} ({score.variant}) scores {score.reward:.2f}" for score in baselines if score.reward > 0]
-    plain = [check for check in task.hidden_calls if check.raises is None and check.judge is None]
-    if plain and distinct_outputs(task) < MIN_DISTINCT_OUTPUTS:
-        problems.append(f"hidden calls expect {distinct_outputs(task)} distinct output(s), fewer than {MIN_DISTINCT_OUTPUTS}")
+    distinct = distinct_outputs(task)
+    if 0 < distinct < MIN_DISTINCT_OUTPUTS:  # 0: every call expects an exception or a judge's verdict
+        problems.append(f"hidden calls expect {distinct} distinct output(s), fewer than {MIN_DISTINCT_OUTPUTS}")
     return Validity(task_id=task.id, valid=not problems, baselines=baselines, problems=problems)
 
 
@@ -130,11 +129,3 @@ def validate(tasks: Iterable[TaskSpec], sandbox: Sandbox) -> Iterator[Validity]:
             yield validate_task(task, sandbox)
         except Exception as error:  # one broken task must not stop the sweep
             yield Validity(task_id=task.id, valid=False, problems=[f"{type(error).__name__}: {error}"[:300]])
-
-
-def rejected_share(verdicts: Iterable[Validity]) -> collections.Counter[str]:
-    """How many verdicts each baseline family made invalid (a task may count under several)."""
-    counts: collections.Counter[str] = collections.Counter()
-    for verdict in verdicts:
-        counts.update({score.name for score in verdict.baselines if score.reward > 0})
-    return counts
