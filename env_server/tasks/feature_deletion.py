@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from env_server.grading import GRADE_ENV, parse_junit, pytest_command, tar_files
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
-from env_server.tasks.validation import Validity, validate_task
+from env_server.tasks.validation import Validity, clear_workspace, validate_task
 from sandbox import Sandbox
 
 SUITE = "feature_deletion"
@@ -64,7 +64,6 @@ _TEST_DIRECTORY = re.compile(r"(^|/)(tests?|testing)/")
 _NOT_A_PACKAGE = frozenset({"tests", "test", "testing", "docs", "doc", "documentation", "examples", "example", "benchmarks", "scripts", "bin"})
 _NOT_CANDIDATES = frozenset({"setup.py", "versioneer.py", "conftest.py", "_version.py"})
 _DELETED_BODY = "raise NotImplementedError"
-_CLEAR_WORKSPACE = "find . -mindepth 1 -delete"
 
 
 class ProjectRefused(ValueError):
@@ -293,7 +292,7 @@ def _test_file_for(test_id: str, test_files: list[str]) -> str | None:
 
 def _restore(sandbox: Sandbox, project: Project) -> None:
     """The workspace holds the pristine project again, and nothing else."""
-    sandbox.exec(_CLEAR_WORKSPACE)
+    clear_workspace(sandbox)
     sandbox.put_archive(tar_files(project.files), ".")
 
 

@@ -33,7 +33,6 @@ from sandbox import Sandbox
 MIN_DISTINCT_OUTPUTS = 2
 """Distinct expected values a call table must hold (calls with a judge or an expected exception aside)."""
 
-_CLEAR_WORKSPACE = "find . -mindepth 1 -delete"
 
 
 class Validity(BaseModel):
@@ -72,6 +71,11 @@ def host_validity(task: TaskSpec) -> Validity:
     return Validity(task_id=task.id, valid=not problems, baselines=baselines, problems=problems)
 
 
+def clear_workspace(sandbox: Sandbox) -> None:
+    """Remove everything in the sandbox's workspace (before the next variant of a task goes in)."""
+    sandbox.exec("find . -mindepth 1 -delete")
+
+
 def solve(sandbox: Sandbox, metadata: dict) -> bool:
     """Apply the task's reference solution; False if it has none."""
     files = metadata.get("solution")
@@ -92,7 +96,7 @@ def validate_task(task: TaskSpec, sandbox: Sandbox, fresh_sandbox: Callable[[], 
     problems = list(verdict.problems)
 
     def graded(name: str, files: dict[str, str] | None = None, clear: bool = False) -> float:
-        sandbox.exec(_CLEAR_WORKSPACE)
+        clear_workspace(sandbox)
         if not clear:
             prepare_workspace(sandbox, task)
             for path, text in (files or {}).items():
@@ -107,7 +111,7 @@ def validate_task(task: TaskSpec, sandbox: Sandbox, fresh_sandbox: Callable[[], 
     graded("emptied", clear=True)
     for name, files in hole_baselines(task).items():
         graded(name, files)
-    sandbox.exec(_CLEAR_WORKSPACE)
+    clear_workspace(sandbox)
     prepare_workspace(sandbox, task)
     reference = None
     if solve(sandbox, task.metadata):
