@@ -48,8 +48,10 @@ ARMS: dict[str, dict[str, float]] = {
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
 MODES = {
-    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, frontier_samples=0),
-    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, frontier_samples=0),
+    "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, tasks_per_step=1,
+                 frontier_samples=0),
+    "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, tasks_per_step=1,
+                  frontier_samples=0),
 }
 FRONTIER_CHANCE = 0.75
 """A frontier task's least estimated chance that a group has reward variance: with 8 tries and groups of 4,
@@ -93,7 +95,7 @@ def _episodes(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: 
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_completion_length=args.max_completion_length,
-        concurrency=8,
+        concurrency=args.eval_concurrency,
         seed=seed,
     )
     episodes = Evaluator(model, tokenizer, factory, settings).run(task_ids)
@@ -141,7 +143,13 @@ def frontier(candidates: list[str], samples: int, group: int, factory: Any, args
     }
 
 
-def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]], pairs: Path) -> dict[str, Any]:
+def run_arm(
+    arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]], pairs: Path,
+    max_steps: int, seconds: float | None,
+) -> dict[str, Any]:
+    """One arm of one seed: `max_steps` optimizer steps, or fewer when `seconds` (of training) run out first;
+    evaluated every `eval_every` steps and after the last."""
+    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
 
@@ -154,29 +162,42 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
     model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
     evals: list[dict[str, Any]] = []
 
+    trained = 0.0  # seconds of training, evaluations excluded
+
     class EvaluateEvery(TrainerCallback):
+        def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.began = time.perf_counter()
+
         def on_step_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.global_step % mode["eval_every"] == 0:
+            nonlocal trained
+            trained += time.perf_counter() - self.began
+            out_of_time = seconds is not None and trained >= seconds
+            if state.global_step % mode["eval_every"] == 0 or state.global_step == max_steps or out_of_time:
                 report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args)
                 evals.append({"step": state.global_step, **_eval_point(report)})
                 print(f"  {arm} seed {seed} step {state.global_step}: {evals[-1]}", flush=True)
+            if out_of_time:
+                control.should_training_stop = True
 
     # Frontier tasks first (when selected), each part in the seed's order.
     at_frontier = [task for task in tasks["train"] if task in tasks.get("frontier", [])]
     rest = [task for task in tasks["train"] if task not in at_frontier]
     shuffle = random.Random(seed)
     order = shuffle.sample(at_frontier, len(at_frontier)) + shuffle.sample(rest, len(rest))
+    on_gpu = torch.cuda.is_available()
+    rollouts = mode["tasks_per_step"] * mode["generations"]
     config = ComposerConfig(
         output_dir=str(args.out / "runs" / f"{arm}-seed{seed}"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not on_gpu,
+        bf16=on_gpu,
         fp16=False,
         activation_checkpointing=False,
-        max_steps=mode["steps"],
-        # One task x `generations` rollouts per optimizer step (a group of 4 has reward variance more often
-        # than two groups of 2), in backward passes of 2 rollouts to bound the activations held on CPU.
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=mode["generations"] // 2,
+        max_steps=max_steps,
+        # `tasks_per_step` tasks x `generations` rollouts per optimizer step, all generated together (a group
+        # of 4 has reward variance more often than two groups of 2), in backward passes of `backward_batch`
+        # rollouts (on CPU 2, to bound the activations held).
+        per_device_train_batch_size=min(args.backward_batch, rollouts),
+        gradient_accumulation_steps=max(1, rollouts // args.backward_batch),
         num_generations=mode["generations"],
         max_completion_length=args.max_completion_length,
         max_tool_calling_iterations=args.max_turns - 1,
@@ -203,7 +224,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any],
     finally:
         trainer.close_environments()
     train_log = [{key: row[key] for key in ("step", *TRAIN_KEYS) if key in row} for row in trainer.state.log_history if "loss" in row]
-    return {"evals": evals, "train": train_log, "seconds": time.perf_counter() - started}
+    return {"evals": evals, "train": train_log, "steps": trainer.state.global_step, "rollouts_per_step": rollouts,
+            "train_seconds": trained, "seconds": time.perf_counter() - started}
 
 
 def _client_settings(args: argparse.Namespace) -> Any:
@@ -227,13 +249,15 @@ def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
 def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> dict[str, Any]:
     """Per arm and evaluated step, each metric's mean and interval over seeds; train metrics per step."""
     curves: dict[str, Any] = {}
-    for arm in ARMS:
-        runs = [results["arms"][arm][str(seed)] for seed in seeds if str(seed) in results["arms"].get(arm, {})]
+    for arm in (arm for arm in ARMS if results["arms"].get(arm)):
+        runs = [results["arms"][arm][str(seed)] for seed in seeds if str(seed) in results["arms"][arm]]
         evals = {}
         for step in steps:
             points = [results["baseline"][str(s)] for s in seeds] if step == 0 else [
                 point for run in runs for point in run["evals"] if point["step"] == step
             ]
+            if not points:
+                continue  # this arm stopped before `step` (a time budget) or was not evaluated there
             evals[step] = {key: mean_interval([p[key] for p in points]) for key in ("pass@1", "valid_call_rate", "mean_reward")}
         train: dict[str, Any] = {}
         for key in TRAIN_KEYS:
@@ -290,7 +314,7 @@ def table(curves: dict[str, Any], steps: list[int]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm, curve in curves.items():
-        for step in steps:
+        for step in (step for step in steps if step in curve["evals"]):
             point = curve["evals"][step]
             train = {key: curve["train"][key].get(step) for key in train_keys}
             lines.append(
@@ -321,6 +345,13 @@ def main() -> int:
     parser.add_argument("--max-completion-length", type=int, default=512, help="tokens of a rollout / eval episode")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens of one assistant turn in evaluation")
     parser.add_argument("--max-turns", type=int, default=7, help="assistant turns per rollout / eval episode")
+    parser.add_argument("--backward-batch", type=int, default=2, help="rollouts per backward pass (the step's rollouts are accumulated)")
+    parser.add_argument("--eval-concurrency", type=int, default=8, help="evaluation episodes (service sessions) at once")
+    parser.add_argument(
+        "--time-budget", type=float,
+        help="seconds for the whole run: each seed's first arm trains until its share is spent (its steps, at most --steps,"
+        " become the seed's step count; the other arms train as many), the rest is kept for the evaluations",
+    )
     for name, value in MODES["full"].items():
         kind = int if not isinstance(value, list) else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
@@ -346,7 +377,6 @@ def main() -> int:
         "train": random.Random(0).sample(train_pool, mode["train_tasks"]),
         "eval": random.Random(1).sample(held_out, mode["eval_tasks"]),
     }
-    steps = sorted({0, *range(mode["eval_every"], mode["steps"] + 1, mode["eval_every"])})
     results_path = args.out / "results.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
 
@@ -361,9 +391,10 @@ def main() -> int:
             results["frontier"] = frontier(tasks["train"], mode["frontier_samples"], mode["generations"], factory, args)
             print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
         tasks["frontier"] = results["frontier"]["tasks"]
-    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks, "steps": steps})
+    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks})
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
+    started = time.perf_counter()
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
             model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
@@ -373,14 +404,25 @@ def main() -> int:
         for arm in args.arms:
             if str(seed) in results["arms"].get(arm, {}):
                 continue  # resumable: a finished run is kept
-            print(f"{arm} seed {seed}", flush=True)
-            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs)
+            done = [run["steps"] for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
+            seconds = None
+            if args.time_budget is not None and not done:
+                # This seed's share of what is left, less one evaluation per arm (timed by the baseline's).
+                seeds_left = len(mode["seeds"]) - mode["seeds"].index(seed)
+                evaluation = results["baseline"][str(seed)]["seconds"]
+                share = (args.time_budget - (time.perf_counter() - started)) / seeds_left
+                seconds = max(0.0, (share - len(args.arms) * 1.25 * evaluation) / len(args.arms))
+            print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
+            max_steps = done[0] if done else mode["steps"]
+            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds)
             results_path.write_text(json.dumps(results, indent=2))
 
+    steps = sorted({0, *(point["step"] for arm in results["arms"].values() for run in arm.values() for point in run["evals"])})
+    results["steps"] = steps
     curves = aggregate(results, mode["seeds"], steps)
     results["curves"] = curves
     results_path.write_text(json.dumps(results, indent=2, default=str))
-    plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {mode['steps']} steps")
+    plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {steps[-1]} steps")
     (args.out / "table.md").write_text(table(curves, steps) + "\n")
     print(table(curves, steps))
     return 0

@@ -51,6 +51,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(hidden=256, layers=4, heads=4, kv_heads=2, batch=4, prompt=64, turns=4, turn_tokens=48,
                 tool_tokens=16, sites_per_sample=1, site_turns="first", dpo_pairs=2, dpo_length=128, repetitions=10,
                 dtype="float32", activation_checkpointing=False),
+    # The GPU check's dry run (benchmarks/gpu_check.py --dry-run): the same code path, as small as it goes.
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, batch=2, prompt=32, turns=2, turn_tokens=16, tool_tokens=8,
+                 sites_per_sample=1, site_turns="first", dpo_pairs=1, dpo_length=64, repetitions=1, dtype="float32",
+                 activation_checkpointing=False),
     # SmolLM2-135M's shape (the learning curves' model: 30 layers of 576, 9 heads, 3 KV heads), random init;
     # a tool-schema-sized prompt; 4 turns, the hint site on the last (a failed submission, decision 074).
     "smollm2": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, batch=4, prompt=512, turns=4,
@@ -257,6 +261,7 @@ def main() -> int:
                         "instead of reading it from GRPO's forward (decision 079's baseline)")
     parser.add_argument("--activation-checkpointing", choices=["on", "off"],
                         help="recompute each layer's activations in the backward (default: the preset's; the gpu preset's is on)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file (benchmarks/gpu_check.py reads it)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
     args = parser.parse_args()
     preset = dict(PRESETS[args.preset])
@@ -314,12 +319,20 @@ def main() -> int:
     print(f"{'arm':<15}{'median s':>9}{'p99 s':>8}{'x grpo':>7}{'paired x':>9}{'cpu s':>7}{'x grpo':>7}"
           f"{memory:>9}{'x grpo':>7}" + ("" if device.type == "cuda" else f"{'growth GiB':>11}{'x grpo':>7}"))
     base_wall, base_cpu = statistics.median(wall["grpo"]), statistics.median(cpu["grpo"])
+    figures: dict[str, dict[str, float]] = {}
     for name in ARMS:
-        paired = statistics.median(t / g for t, g in zip(wall[name], wall["grpo"]))
-        line = (f"{name:<15}{statistics.median(wall[name]):>9.3f}{percentile(wall[name], 0.99):>8.3f}"
-                f"{statistics.median(wall[name]) / base_wall:>7.2f}{paired:>9.2f}"
-                f"{statistics.median(cpu[name]):>7.2f}{statistics.median(cpu[name]) / base_cpu:>7.2f}"
-                f"{peaks[name]['peak_bytes'] / 2**30:>9.2f}{peaks[name]['peak_bytes'] / peaks['grpo']['peak_bytes']:>7.2f}")
+        figures[name] = {
+            "median_s": statistics.median(wall[name]),
+            "p99_s": percentile(wall[name], 0.99),
+            "x_grpo": statistics.median(wall[name]) / base_wall,
+            "paired_x_grpo": statistics.median(t / g for t, g in zip(wall[name], wall["grpo"])),
+            "cpu_s": statistics.median(cpu[name]),
+            "peak_bytes": peaks[name]["peak_bytes"],
+            "peak_x_grpo": peaks[name]["peak_bytes"] / peaks["grpo"]["peak_bytes"],
+        }
+        f = figures[name]
+        line = (f"{name:<15}{f['median_s']:>9.3f}{f['p99_s']:>8.3f}{f['x_grpo']:>7.2f}{f['paired_x_grpo']:>9.2f}"
+                f"{f['cpu_s']:>7.2f}{f['cpu_s'] / base_cpu:>7.2f}{f['peak_bytes'] / 2**30:>9.2f}{f['peak_x_grpo']:>7.2f}")
         if device.type != "cuda":
             growth = peaks[name]["growth_bytes"]
             line += f"{growth / 2**30:>11.2f}{growth / peaks['grpo']['growth_bytes']:>7.2f}"
@@ -328,6 +341,13 @@ def main() -> int:
           "cpu s: process CPU time per step (all threads)")
     token_share = statistics.median(arms["grpo+sdpo+dpo"].trainer._metrics["train"]["dpo/token_share"])
     print(f"dpo/token_share={token_share:.3f} (median over the steps): the DPO mini-batch's tokens over GRPO's (decision 077)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "preset": args.preset, "shapes": preset, "params": parameters, "device": str(device),
+            "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "repetitions": preset["repetitions"], "prompt_tokens": prompt,
+            "completion_tokens": completion_length(preset), "arms": figures, "dpo_token_share": token_share,
+        }, indent=1))
     print("targets (issue 14): all three channels <= 1.2x the GRPO step time and <= 1.1x its peak memory")
     return 0
 
