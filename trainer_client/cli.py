@@ -77,7 +77,35 @@ def lora_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: value for name, value in flags.items() if value is not None}
 
 
-def train(args: argparse.Namespace) -> int:
+def gpu_requirement(trainer: dict[str, Any], *, generation: str = "transformers", bf16_default: bool = False) -> str | None:
+    """What in a run's `trainer:` options (or its generation) needs a CUDA GPU when torch sees none; None
+    when it runs here. `bf16_default`: the trainer's own default (TRL's GRPOConfig trains in bf16)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if generation == "vllm":
+        return "generation: vllm (vLLM generates on a GPU)"
+    if trainer.get("use_cpu"):
+        return None
+    if trainer.get("fp16"):
+        return "trainer.fp16: true"
+    if trainer.get("bf16", bf16_default):
+        return "trainer.bf16: " + ("true" if "bf16" in trainer else "unset, and TRL's default is true")
+    return None
+
+
+def stop_without_gpu(command: str, config: Path, needs: str | None) -> None:
+    """Stops the command with what needs a GPU, before anything is loaded."""
+    if needs:
+        raise SystemExit(
+            f"coding-train {command}: {config} needs a CUDA GPU ({needs}) and torch sees none. On CPU, use a "
+            "*_cpu.yaml config, or set trainer.use_cpu: true and trainer.bf16: false (docs/trainer.md, \"Train on a GPU\")."
+        )
+
+
+def build_trainer(run: TrainRunConfig) -> Any:
+    """The run's `ComposerTrainer`, ready to `train()`; it reads the service's tools from `run.environment`."""
     # Heavy imports (torch, TRL) only for the command that needs them.
     from datasets import Dataset
 
@@ -85,21 +113,8 @@ def train(args: argparse.Namespace) -> int:
     from trainer_client.policy import load_policy
     from trainer_client.trainer import ComposerConfig, ComposerTrainer
 
-    try:
-        run = load_run_config(args.config, lora_overrides(args))
-    except ValidationError as error:
-        raise SystemExit(f"coding-train train: {args.config}: {error}") from None
-    if args.env_url:
-        run.environment.base_url = args.env_url
-    options = dict(run.trainer)
-    if args.max_steps is not None:
-        options["max_steps"] = args.max_steps
-    if args.output_dir is not None:
-        options["output_dir"] = str(args.output_dir)
     use_vllm = run.generation == "vllm" or (run.generation == "auto" and importlib.util.find_spec("vllm") is not None)
-    options.setdefault("use_vllm", use_vllm)
-    config = ComposerConfig(**options)
-
+    config = ComposerConfig(**{"use_vllm": use_vllm, **run.trainer})
     model, tokenizer = load_policy(run.policy)
     rows = [task_row(task) for task in run.tasks] * run.task_repeats
     trainer = ComposerTrainer(
@@ -112,11 +127,27 @@ def train(args: argparse.Namespace) -> int:
     )
     if run.peft and trainer.is_world_process_zero():
         trainer.model.print_trainable_parameters()
+    return trainer
+
+
+def train(args: argparse.Namespace) -> int:
+    try:
+        run = load_run_config(args.config, lora_overrides(args))
+    except ValidationError as error:
+        raise SystemExit(f"coding-train train: {args.config}: {error}") from None
+    if args.env_url:
+        run.environment.base_url = args.env_url
+    if args.max_steps is not None:
+        run.trainer["max_steps"] = args.max_steps
+    if args.output_dir is not None:
+        run.trainer["output_dir"] = str(args.output_dir)
+    stop_without_gpu("train", args.config, gpu_requirement(run.trainer, generation=run.generation, bf16_default=True))
+    trainer = build_trainer(run)
     try:
         trainer.train()
         trainer.save_state()  # trainer_state.json: the per-step metrics (log_history) of the run
         if run.save_final_model:
-            trainer.save_model(config.output_dir)  # a PEFT model saves its adapter only
+            trainer.save_model(trainer.args.output_dir)  # a PEFT model saves its adapter only
     finally:
         trainer.close_environments()
     return 0
@@ -171,6 +202,7 @@ def fine_tune(args: argparse.Namespace) -> int:
         run.output_dir = args.output_dir
     if args.max_steps is not None:
         run.trainer["max_steps"] = args.max_steps
+    stop_without_gpu("sft", args.config, gpu_requirement(run.trainer))
     print(f"saved to {run_sft(run)}")
     return 0
 

@@ -73,6 +73,13 @@ TeacherKind = Literal["live", "ema", "base"]
 class ComposerConfig(ConcurrentRolloutConfig):
     """GRPOConfig plus rollout concurrency and the SDPO and DPO channels. (`beta` stays TRL's KL coefficient.)"""
 
+    report_to: None | str | list[str] = field(
+        default="tensorboard",
+        metadata={
+            "help": "Where metrics go: TensorBoard event files under `output_dir/runs` (`[train]` installs it; "
+            "`tensorboard --logdir OUTPUT_DIR`), another integration's name, or 'none' / []."
+        },
+    )
     sdpo_weight: float = field(default=0.0, metadata={"help": "alpha: weight of the SDPO loss; 0 disables it."})
     jsd_beta: float = field(
         default=0.5, metadata={"help": "Generalized JSD interpolation: 0 forward KL, 1 reverse KL, between JSD."}

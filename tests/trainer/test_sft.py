@@ -10,10 +10,12 @@ import pytest
 import yaml
 from trl.chat_template_utils import qwen2_5_chat_template
 
+from trainer_client.cli import gpu_requirement, main
 from trainer_client.demos import Demo
 from trainer_client.policy import PolicySpec, load_policy
 from trainer_client.sft import SFTRunConfig, load_sft_config, run_sft, sft_trainer, tokenize_demo
 
+SFT_CONFIGS = Path(__file__).resolve().parents[2] / "trainer_client" / "configs" / "sft"
 TOOLS = [
     {
         "type": "function",
@@ -98,9 +100,21 @@ def test_output_directory_is_a_policy_with_the_tool_template(tmp_path: Path) -> 
     assert changed
 
 
-@pytest.mark.parametrize("name", ["smollm2_cpu.yaml", "smollm2_l1_cpu.yaml"])
-def test_shipped_sft_config_parses(name: str) -> None:
-    path = Path(__file__).parents[2] / "trainer_client" / "configs" / "sft" / name
+@pytest.mark.parametrize("path", sorted(SFT_CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sft_config_builds_its_trainer(path: Path, tmp_path: Path) -> None:
     run = load_sft_config(path)
     assert run.policy.name == "smollm2-135m-instruct" and run.trainer["max_steps"] > 0
     assert yaml.safe_load(path.read_text())["output_dir"] == str(run.output_dir)
+    if gpu_requirement(run.trainer):
+        # Without a GPU the command stops with what needs one, before it loads anything...
+        with pytest.raises(SystemExit, match=r"needs a CUDA GPU \(trainer\.bf16: true\)"):
+            main(["sft", "--config", str(path)])
+        run.trainer.update(bf16=False)  # ... and everything else of the config builds on the CPU.
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text(_demo().model_dump_json() + "\n")
+    # The model is not under test (the tiny one builds in a second); the demos are made by `coding-train demos`.
+    run = run.model_copy(update={"policy": PolicySpec(name="tiny-random"), "demos": demos, "output_dir": tmp_path / "out"})
+
+    trainer = sft_trainer(run)
+
+    assert trainer.args.max_steps == run.trainer["max_steps"] and len(trainer.train_dataset) == 1

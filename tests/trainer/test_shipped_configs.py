@@ -1,4 +1,5 @@
-"""The shipped CPU smoke config, run as a user runs it (`coding-train train --config ...`) against the real service."""
+"""The shipped run configs against the real service: the CPU smoke config run as a user runs it
+(`coding-train train --config ...`), and every config under trainer_client/configs/ built into its trainer."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import pytest
 import yaml
 
 from tests.trainer.conftest import SERVICE_TOKEN
-from trainer_client.cli import main
+from trainer_client.cli import build_trainer, gpu_requirement, load_run_config, main
+from trainer_client.policy import PolicySpec
 
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_SMOKE = REPO / "trainer_client" / "configs" / "cpu_smoke.yaml"
+CONFIGS = REPO / "trainer_client" / "configs"
+CPU_SMOKE = CONFIGS / "cpu_smoke.yaml"
+CPU_SMOKE_PAIRS = CONFIGS / "data" / "cpu_smoke_pairs.jsonl"
 
 
 def logged_steps(stdout: str) -> list[dict]:
@@ -38,3 +42,30 @@ def test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss(service_url, tmp_
     assert step["dpo/loss"] > 0
     assert step["loss"] != 0
     assert step["policy/failures/no_tool_call"] + step["policy/failures/json_decode"] >= 1
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_run_config_builds_its_trainer(path: Path, service_url, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)  # configs name their data relative to the repository root
+    run = load_run_config(path)
+    run.environment.base_url, run.environment.api_token = service_url, SERVICE_TOKEN
+    run.trainer["output_dir"] = str(tmp_path / "out")
+    # The model is not under test: a hub model cannot be fetched here and a warm start may not exist yet.
+    run.policy = PolicySpec(name="tiny-random")
+    if gpu_requirement(run.trainer, generation=run.generation, bf16_default=True):
+        # On a machine without a GPU the command stops with what needs one, before it loads anything...
+        with pytest.raises(SystemExit, match=r"needs a CUDA GPU \((trainer\.bf16|generation: vllm)"):
+            main(["train", "--config", str(path), "--env-url", service_url])
+        # ... and everything else of the config still builds, on the CPU.
+        run.trainer.update(use_cpu=True, bf16=False)
+        run.generation = "transformers"
+    if not Path(run.trainer.get("dpo_pairs_path") or CPU_SMOKE_PAIRS).exists():
+        run.trainer["dpo_pairs_path"] = str(CPU_SMOKE_PAIRS)  # a user's own, from `coding-train replay`
+
+    trainer = build_trainer(run)
+    try:
+        callbacks = {type(callback).__name__ for callback in trainer.callback_handler.callbacks}
+        assert ("TensorBoardCallback" in callbacks) == ("tensorboard" in trainer.args.report_to)
+        assert trainer.args.max_steps == run.trainer["max_steps"]
+    finally:
+        trainer.close_environments()
