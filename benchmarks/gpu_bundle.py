@@ -278,7 +278,7 @@ def main() -> int:
         print(f"  {args.out.name}/part{number}: {size / MIB:5.1f} MiB, "
               f"{sum(1 for f in manifest['files'] if f['part'] == number)} files")
     last = manifest["parts"]
-    print(f"\nOn the GPU host, one device call per part, in this order, while the machine stays warm:")
+    print("\nOn the GPU host, one device call per part, in this order, while the machine stays warm:")
     for number in range(1, last):
         print(f"  run(command='ls {args.out.name}/part{number} | wc -l', carry=['{args.out.name}/part{number}'])")
     print(f"  run(command='python3 benchmarks/gpu_check.py --bundle {args.out.name} --out $OUT', "

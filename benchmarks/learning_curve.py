@@ -84,6 +84,16 @@ def mean_interval(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [mean - half, mean + half], "seeds": len(values)}
 
 
+def warm_start(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The warm start's model and tokenizer, the model on the GPU when there is one (evaluations generate there)."""
+    import torch
+
+    from trainer_client.policy import PolicySpec, load_policy
+
+    model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+    return model.to("cuda" if torch.cuda.is_available() else "cpu"), tokenizer
+
+
 def _episodes(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: int, seed: int, args: argparse.Namespace) -> list[Any]:
     from trainer_client.evaluation import EvalSettings, Evaluator
 
@@ -127,9 +137,7 @@ def frontier(candidates: list[str], samples: int, group: int, factory: Any, args
     reward variance with a chance of at least FRONTIER_CHANCE, estimated from `samples` tries each at the
     evaluation temperature. A task the warm start always solves, or never, gives groups with none, and
     with few tries a task it solves once in a while looks like one at the frontier (decision 073)."""
-    from trainer_client.policy import PolicySpec, load_policy
-
-    model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+    model, tokenizer = warm_start(args)
     started = time.perf_counter()
     rewards: dict[str, list[float]] = {task: [] for task in candidates}
     for episode in _episodes(model, tokenizer, factory, candidates, samples, 0, args):
@@ -154,12 +162,11 @@ def run_arm(
     from transformers import TrainerCallback
 
     from trainer_client.environment import environment_factory
-    from trainer_client.policy import PolicySpec, load_policy
     from trainer_client.task_rows import task_row
     from trainer_client.trainer import ComposerConfig, ComposerTrainer
 
     factory = environment_factory(_client_settings(args))
-    model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+    model, tokenizer = warm_start(args)
     evals: list[dict[str, Any]] = []
 
     trained = 0.0  # seconds of training, evaluations excluded
@@ -381,7 +388,6 @@ def main() -> int:
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
 
     from trainer_client.environment import environment_factory
-    from trainer_client.policy import PolicySpec, load_policy
 
     factory = environment_factory(_client_settings(args))
     if mode["frontier_samples"]:
@@ -397,7 +403,7 @@ def main() -> int:
     started = time.perf_counter()
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
-            model, tokenizer = load_policy(PolicySpec(name=str(args.warm_start)))
+            model, tokenizer = warm_start(args)
             results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))}
             print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
             results_path.write_text(json.dumps(results, indent=2))
