@@ -196,13 +196,13 @@ def unpack_bundle(bundle: Path, work: Path) -> tuple[list[Path], Path]:
 
 
 VERSIONS = """
-import importlib, json, sys
+import importlib, importlib.metadata, json, sys
 versions = {"python": sys.version.split()[0]}
 for name in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "fastapi", "uvicorn", "pydantic", "openenv", "gguf"):
     try:
-        versions[name] = importlib.import_module(name).__version__
+        versions[name] = f"{importlib.metadata.version(name)} at {importlib.import_module(name).__file__}"
     except Exception as error:
-        versions[name] = f"missing: {error}"
+        versions[name] = f"missing: {error!r}"
 print(json.dumps(versions))
 """
 

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -18,6 +18,9 @@ from trainer_client.client import ClientSettings
 from trainer_client.lora import LoraSettings
 from trainer_client.policy import PolicySpec
 from trainer_client.task_rows import task_row
+
+if TYPE_CHECKING:
+    from env_server.tasks import TaskRegistry
 
 
 class TrainRunConfig(BaseModel):
@@ -164,11 +167,9 @@ def _add_task_selection(parser: argparse.ArgumentParser, *, default_split: str) 
     )
 
 
-def select_task_ids(args: argparse.Namespace) -> list[str]:
+def select_task_ids(args: argparse.Namespace, registry: TaskRegistry) -> list[str]:
     """Ids of a suite's split from the task registry installed here (the service serves the same suites)."""
-    from env_server.tasks import default_registry
-
-    ids = default_registry().ids(args.suite, split=None if args.split == "all" else args.split)
+    ids = registry.ids(args.suite, split=None if args.split == "all" else args.split)
     if args.id_prefix:
         ids = [task_id for task_id in ids if task_id.startswith(args.id_prefix)]
     if args.shuffle:
@@ -184,7 +185,7 @@ def make_demos(args: argparse.Namespace) -> int:
     if args.split == "held_out":
         raise SystemExit("coding-train demos: demos are training data; held-out tasks are for evaluation only")
     registry = default_registry()
-    tasks = [registry.get(task_id) for task_id in select_task_ids(args)]
+    tasks = [registry.get(task_id) for task_id in select_task_ids(args, registry)]
     settings = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
     demos = play_demos(
         tasks, environment_factory(settings), mistake_rate=args.mistake_rate, seed=args.seed, concurrency=args.concurrency
@@ -212,9 +213,10 @@ def evaluate_policy(args: argparse.Namespace) -> int:
 
     from trainer_client.environment import environment_factory
     from trainer_client.evaluation import EvalSettings, Evaluator, write_report
+    from env_server.tasks import default_registry
     from trainer_client.policy import load_policy
 
-    task_ids = select_task_ids(args)
+    task_ids = select_task_ids(args, default_registry())
     settings = EvalSettings(
         n=args.n,
         temperature=args.temperature,

@@ -9,12 +9,15 @@ tasks never loads HumanEval.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from env_server.models import TaskSpec
 from env_server.tasks.splits import Split, split_of
+
+if TYPE_CHECKING:
+    from env_server.tasks.validation import Validity
 
 CACHE_DIR_ENV = "CODING_ENV_TASK_CACHE_DIR"
 
@@ -35,15 +38,21 @@ class StaticSuite:
     Generators redraw or repair what the gate rejects, so this only catches what they let through.
     """
 
-    def __init__(self, tasks: list[TaskSpec], *, gated: bool = True) -> None:
+    def __init__(self, tasks: list[TaskSpec], *, gated: bool = True, verdicts: Mapping[str, Validity] | None = None) -> None:
         """`gated=False` only for suites whose tasks must not be solvable (canaries: their hidden
-        outputs are secrets that only the gate's most-common-output oracle could know)."""
+        outputs are secrets that only the gate's most-common-output oracle could know). `verdicts`:
+        the gate's host-side verdicts a generator already computed for these very tasks (by id); the
+        others are computed here."""
         # Imported here: the gate's module imports the grader, which listing suite names never needs.
         from env_server.tasks.validation import Validity, host_validity
 
         self.gated = gated
         """Whether the gate applies (`coding-env tasks validate` skips a suite that opted out)."""
-        verdicts = {task.id: host_validity(task) if gated else Validity(task_id=task.id, valid=True) for task in tasks}
+        known = verdicts or {}
+        verdicts = {
+            task.id: (known.get(task.id) or host_validity(task)) if gated else Validity(task_id=task.id, valid=True)
+            for task in tasks
+        }
         self._tasks = {task.id: task for task in tasks if verdicts[task.id].valid}
         self.rejected: dict[str, Validity] = {task_id: verdict for task_id, verdict in verdicts.items() if not verdict.valid}
         """Tasks the gate refused, by id (`coding-env tasks validate` reports them)."""

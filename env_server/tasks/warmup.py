@@ -39,7 +39,7 @@ from typing import Any
 from env_server.models import CallCheck, TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 from env_server.tasks.splits import Split, split_of
-from env_server.tasks.validation import host_validity
+from env_server.tasks.validation import Validity, host_validity
 
 SUITE = "warmup"
 DEFAULT_SEED = 0
@@ -648,7 +648,7 @@ def _task(task_id: str, level: int, seed: int, draft: _Draft) -> TaskSpec:
     )
 
 
-def _draw(level: int, index: int, seed: int, seen: set[str]) -> TaskSpec:
+def _draw(level: int, index: int, seed: int, seen: set[str]) -> tuple[TaskSpec, Validity]:
     """The task at (level, index): the first draw that is usable, unlike every earlier task, and
     passes the validity gate's host side (no trivial baseline earns reward, e.g. an identity that
     the drawn inputs never tell apart from the spec)."""
@@ -662,23 +662,30 @@ def _draw(level: int, index: int, seed: int, seen: set[str]) -> TaskSpec:
         if key in seen:
             continue
         task = _task(task_id, level, seed, draft)
-        if host_validity(task).valid:
+        verdict = host_validity(task)
+        if verdict.valid:
             seen.add(key)
-            return task
+            return task, verdict
     raise RuntimeError(f"warmup level {level} task {index}: no usable draw in {_ATTEMPTS} attempts (seed {seed})")
 
 
-def generate(seed: int = DEFAULT_SEED, sizes: Mapping[int, int] = LEVEL_SIZES) -> list[TaskSpec]:
-    """The suite's tasks, level by level; the same list for the same seed and sizes."""
+def _drawn(seed: int, sizes: Mapping[int, int]) -> list[tuple[TaskSpec, Validity]]:
     seen: set[str] = set()
     return [_draw(level, index, seed, seen) for level, size in sizes.items() for index in range(size)]
 
 
+def generate(seed: int = DEFAULT_SEED, sizes: Mapping[int, int] = LEVEL_SIZES) -> list[TaskSpec]:
+    """The suite's tasks, level by level; the same list for the same seed and sizes."""
+    return [task for task, _ in _drawn(seed, sizes)]
+
+
 class WarmupSuite(StaticSuite):
-    """The `warmup` suite for one seed, generated in memory on first use (about a second)."""
+    """The `warmup` suite for one seed, generated in memory on first use (a few seconds)."""
 
     def __init__(self, seed: int = DEFAULT_SEED) -> None:
-        super().__init__(generate(seed))
+        drawn = _drawn(seed, LEVEL_SIZES)
+        # Each draw already passed the gate: its verdict is handed over rather than computed twice.
+        super().__init__([task for task, _ in drawn], verdicts={task.id: verdict for task, verdict in drawn})
 
 
 def split_ids(split: Split, seed: int = DEFAULT_SEED) -> list[str]:
