@@ -18,12 +18,15 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Qwen2Config
-from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template, supports_tool_calling
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# torch, transformers and TRL are imported where a model or tokenizer is built, so that reading a run
+# config (`PolicySpec`, and with it every `coding-train` command's start and --help) does not load them.
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -65,6 +68,9 @@ def _smollm2_gguf_dir() -> Path:
 
 def load_tool_tokenizer(cache_dir: Path | None = None) -> Any:
     """SmolLM2's ChatML tokenizer with TRL's Qwen2.5 tool-calling template (whose special tokens it has)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
     target = (cache_dir or default_cache_dir()) / "smollm2-tokenizer"
     if not (target / "tokenizer_config.json").exists():
         tokenizer = AutoTokenizer.from_pretrained(_smollm2_gguf_dir(), gguf_file=_SMOLLM2_GGUF)
@@ -77,6 +83,8 @@ def load_tool_tokenizer(cache_dir: Path | None = None) -> Any:
 
 
 def _smollm2_model(cache_dir: Path) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
     target = cache_dir / "smollm2-model"
     if not (target / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(_smollm2_gguf_dir(), gguf_file=_SMOLLM2_GGUF)
@@ -96,6 +104,9 @@ def tiny_random_model(
     At the usual `init_std` its next-token distributions are nearly uniform; a larger one makes them
     peaked enough for divergences between contexts to show (tests of the SDPO channel).
     """
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -113,6 +124,8 @@ def tiny_random_model(
 
 def _tool_calling_template(tokenizer: Any) -> None:
     """Give a ChatML tokenizer a template TRL parses tool calls for (see the module docstring)."""
+    from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template, supports_tool_calling
+
     if tokenizer.chat_template == qwen2_5_training_chat_template:
         tokenizer.chat_template = qwen2_5_chat_template
     elif not supports_tool_calling(tokenizer) and "<|im_start|>" in tokenizer.get_vocab():
@@ -128,6 +141,9 @@ def load_policy(spec: PolicySpec | str, cache_dir: Path | None = None) -> tuple[
         cache_dir: Where the converted SmolLM2 files are kept (default `$CODING_ENV_CACHE` or
             `~/.cache/coding-env`).
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     spec = PolicySpec(name=spec) if isinstance(spec, str) else spec
     cache_dir = cache_dir or default_cache_dir()
     dtype = getattr(torch, spec.dtype)
