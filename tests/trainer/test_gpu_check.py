@@ -111,8 +111,9 @@ def test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files(tmp_pat
     results = json.loads((out / "results.json").read_text())
     failed = {name: stage for name, stage in results["stages"].items() if stage["status"] != "ok"}
     assert run.returncode == 0 and not failed, failed or run.stdout[-3000:]
-    assert list(results["stages"]) == ["versions", "device", "step", "service", "demos", "sft", "learning"]
+    assert list(results["stages"]) == ["environment", "step", "service", "demos", "sft", "learning"]
     assert sorted(p.name for p in out.iterdir()) == ["check.log", "learning_curve.png", "learning_table.md", "results.json", "step_table.md"]
+    assert results["versions"]["trl"].startswith("1.16.0") and results["device"]["cuda_available"] is False
     # The step benchmark timed the real trainer's three arms, with memory.
     assert set(results["step"]["arms"]) == {"grpo", "grpo+sdpo", "grpo+sdpo+dpo"}
     assert all(arm["median_s"] > 0 and arm["peak_bytes"] > 0 for arm in results["step"]["arms"].values())
