@@ -24,7 +24,8 @@ log, and a failed stage is recorded while the stages that do not need it still r
 `--out` receives at most 8 files: results.json (every figure, each stage's status and time),
 step_table.md, learning_table.md, learning_curve.png and check.log (every stage's output). A dry run
 (`--dry-run`) runs every stage on CPU with a tiny random policy and one optimizer step per arm, in this
-environment, so the script cannot rot between GPU runs; with `--bundle` too, it rehearses the host's
+environment, with the GPU run's precision (bf16 weights in the step benchmark, bf16 autocast in SFT and
+training), so the script cannot rot between GPU runs; with `--bundle` too, it rehearses the host's
 install (a bundle built with `gpu_bundle.py --python-version` of a venv holding only the host's packages).
 """
 
@@ -89,11 +90,11 @@ DRY_RUN = Plan(
     step_args=("--preset", "tiny"),
     demos=4,
     policy="tiny-random",
-    sft_overrides={"max_steps": 1, "per_device_train_batch_size": 2, "bf16": False},
+    sft_overrides={"max_steps": 1, "per_device_train_batch_size": 2, "use_cpu": True},  # bf16 as on the GPU, on the CPU
     learning_args=("--arms", "grpo", "grpo+sdpo", "--seeds", "0", "--steps", "1", "--eval-every", "1",
                    "--generations", "2", "--tasks-per-step", "1", "--backward-batch", "2", "--train-tasks", "2",
                    "--eval-tasks", "2", "--eval-n", "1", "--eval-concurrency", "2",
-                   "--max-completion-length", "96", "--max-new-tokens", "24", "--max-turns", "2"),
+                   "--max-completion-length", "96", "--max-new-tokens", "24", "--max-turns", "2", "--bf16"),
     sessions=4,
 )
 

@@ -192,11 +192,12 @@ def run_arm(
     shuffle = random.Random(seed)
     order = shuffle.sample(at_frontier, len(at_frontier)) + shuffle.sample(rest, len(rest))
     on_gpu = torch.cuda.is_available()
+    bf16 = on_gpu if args.bf16 is None else args.bf16
     rollouts = mode["tasks_per_step"] * mode["generations"]
     config = ComposerConfig(
         output_dir=str(args.out / "runs" / f"{arm}-seed{seed}"),
         use_cpu=not on_gpu,
-        bf16=on_gpu,
+        bf16=bf16,
         fp16=False,
         activation_checkpointing=False,
         max_steps=max_steps,
@@ -353,6 +354,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens of one assistant turn in evaluation")
     parser.add_argument("--max-turns", type=int, default=7, help="assistant turns per rollout / eval episode")
     parser.add_argument("--backward-batch", type=int, default=2, help="rollouts per backward pass (the step's rollouts are accumulated)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction,
+                        help="train with bf16 autocast (default: on a GPU, not on CPU)")
     parser.add_argument("--eval-concurrency", type=int, default=8, help="evaluation episodes (service sessions) at once")
     parser.add_argument(
         "--time-budget", type=float,

@@ -51,10 +51,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(hidden=256, layers=4, heads=4, kv_heads=2, batch=4, prompt=64, turns=4, turn_tokens=48,
                 tool_tokens=16, sites_per_sample=1, site_turns="first", dpo_pairs=2, dpo_length=128, repetitions=10,
                 dtype="float32", activation_checkpointing=False),
-    # The GPU check's dry run (benchmarks/gpu_check.py --dry-run): the same code path, as small as it goes.
+    # The GPU check's dry run (benchmarks/gpu_check.py --dry-run): the gpu preset's code path (bf16 weights,
+    # activation checkpointing), as small as it goes.
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, batch=2, prompt=32, turns=2, turn_tokens=16, tool_tokens=8,
-                 sites_per_sample=1, site_turns="first", dpo_pairs=1, dpo_length=64, repetitions=1, dtype="float32",
-                 activation_checkpointing=False),
+                 sites_per_sample=1, site_turns="first", dpo_pairs=1, dpo_length=64, repetitions=1, dtype="bfloat16",
+                 activation_checkpointing=True),
     # SmolLM2-135M's shape (the learning curves' model: 30 layers of 576, 9 heads, 3 KV heads), random init;
     # a tool-schema-sized prompt; 4 turns, the hint site on the last (a failed submission, decision 074).
     "smollm2": dict(hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, batch=4, prompt=512, turns=4,
