@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -136,14 +137,18 @@ class Check:
         with open(self.log(name), "a", encoding="utf-8") as log:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
-            try:
-                if timeout <= 0:
-                    raise subprocess.TimeoutExpired(argv, 0)
-                code = subprocess.run(argv, cwd=REPO, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
-                                      timeout=timeout, start_new_session=True).returncode
-                stage.status = "ok" if code == 0 else "failed"
-            except subprocess.TimeoutExpired:
+            if timeout <= 0:
                 stage.status = "timed out"
+            else:
+                # A process group of its own, so that a stage past its time goes with everything it started
+                # (the step benchmark's subprocesses, data loader workers) and leaves the GPU to the next.
+                process = subprocess.Popen(argv, cwd=REPO, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+                try:
+                    stage.status = "ok" if process.wait(timeout=timeout) == 0 else "failed"
+                except subprocess.TimeoutExpired:
+                    stop(process, signal.SIGKILL)
+                    stage.status = "timed out"
         stage.seconds += time.monotonic() - started
         if stage.status != "ok":
             stage.error = self.log(name).read_text(errors="replace")[-LOG_TAIL:]
@@ -157,6 +162,18 @@ class Check:
     def fail(self, name: str, error: str, seconds: float = 0.0) -> None:
         self.stages[name] = Stage(status="failed", seconds=seconds, error=error)
         print(f"[gpu_check] {name}: failed: {error}", flush=True)
+
+
+def stop(process: subprocess.Popen, sig: int) -> None:
+    """Sends `sig` to the process's group and waits for the process (SIGKILL if it outlives 30 s)."""
+    try:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
 
 
 def file_sha256(path: Path) -> str:
@@ -259,9 +276,9 @@ def stage_service(check: Check, bwrap: Path | None) -> tuple[subprocess.Popen | 
     listener = socket.create_server(("127.0.0.1", 0), backlog=256)
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     started = time.monotonic()
-    log = open(check.log("service"), "a", encoding="utf-8")
-    process = subprocess.Popen([check.python, "-m", "env_server.cli", "serve", "--fd", str(listener.fileno())], cwd=REPO,
-                               env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[listener.fileno()], start_new_session=True)
+    with open(check.log("service"), "a", encoding="utf-8") as log:
+        process = subprocess.Popen([check.python, "-m", "env_server.cli", "serve", "--fd", str(listener.fileno())], cwd=REPO,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=[listener.fileno()], start_new_session=True)
     listener.close()
     stage = check.stages.setdefault("service", Stage())
     try:
@@ -389,8 +406,7 @@ def main() -> int:
         return write_report(check, started)
     finally:
         if service is not None:
-            os.killpg(service.pid, 15)
-            service.wait(timeout=30)
+            stop(service, signal.SIGTERM)  # the service closes its sandboxes on SIGTERM
 
 
 if __name__ == "__main__":
