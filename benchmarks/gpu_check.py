@@ -362,7 +362,9 @@ def main() -> int:
     (work / "logs").mkdir(parents=True)
     check = Check(plan=plan, out=args.out, work=work, python=sys.executable, deadline=started + 60 * (args.minutes or plan.minutes))
     check.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                 # The host is offline: nothing may try the network (hub lookups, gradio's analytics via openenv).
                  "CODING_ENV_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                 "GRADIO_ANALYTICS_ENABLED": "False", "TRL_EXPERIMENTAL_SILENCE": "1",
                  "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false"}
 
     usable, bwrap = (True, None) if args.bundle is None else stage_bundle(check, args.bundle)
