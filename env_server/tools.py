@@ -263,10 +263,17 @@ def search(
     return outcome
 
 
+NO_TESTS_COLLECTED = 5
+"""pytest's exit code when it collected no test: the task shows none (every HumanEval task, say)."""
+
+
 @tool
 def run_tests(ws: Workspace) -> ToolOutcome:
     """Run the task's visible tests and return their output."""
     result = ws.sandbox.exec(ws.task.test_command, timeout_s=ws.task.limits.step_timeout_s)
+    if result.exit_code == NO_TESTS_COLLECTED and not ws.task.visible_tests and "no tests ran" in result.stdout:
+        # Not a failure of the policy's (no error kind, so no hint site): the task has nothing to run.
+        return ToolOutcome("This task has no visible tests. Check your code by running it with bash, then submit.", result.exit_code)
     return _exec_outcome(result, tests_expected=True)
 
 

@@ -43,6 +43,15 @@ def test_success_has_no_kind_and_no_hint(session: HttpSession) -> None:
     assert observation["error_kind"] is None and observation["hint"] is None
 
 
+def test_run_tests_on_a_task_without_visible_tests_says_so_plainly(session: HttpSession) -> None:
+    session.reset(task={"id": "inline/no-visible-tests", "prompt": "Write add(a, b) in solution.py.",
+                        "files": {"solution.py": "def add(a, b):\n    pass\n"},
+                        "hidden_tests": {"test_hidden.py": "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"}})
+    observation = session.step("run_tests")["observation"]
+    assert observation["error_kind"] is None and observation["hint"] is None
+    assert "no visible tests" in observation["output"]
+
+
 def test_third_identical_failure_is_repeated_failure(session: HttpSession) -> None:
     session.reset(task_id="builtin/fizzbuzz")
     kinds = [session.step("bash", {"command": "nosuchcmd"})["observation"]["error_kind"] for _ in range(3)]
