@@ -17,11 +17,14 @@ The project itself is not packed: the check runs from the working tree, which tr
 Parts are folders `OUT/part1` ... `OUT/partN`, each small enough to travel beside the working tree in
 one call (at most `--part-mib`, and the 64 MiB a call carries minus the tree). `part1/bundle.json`
 names every file of every part with its size and sha256; the check verifies them before it installs
-anything. On the GPU host (the device tool), one call per part, in order, while the machine is warm:
+anything. On the GPU host (the device tool), one call per part, in order, each within the half minute
+the machine stays warm; each call copies its part out of the checkout, to /tmp, where nothing a later
+call carries can replace it:
 
-    run(command="ls .gpu_bundle/part1", carry=[".gpu_bundle/part1"])
+    run(command="mkdir -p /tmp/gpu_bundle && cp -r .gpu_bundle/part1 /tmp/gpu_bundle/", carry=[".gpu_bundle/part1"])
     ...
-    run(command="python3 benchmarks/gpu_check.py --bundle .gpu_bundle --out $OUT", carry=[".gpu_bundle/partN"])
+    run(command="cp -r .gpu_bundle/partN /tmp/gpu_bundle/ && python3 benchmarks/gpu_check.py --bundle /tmp/gpu_bundle --out $OUT",
+        carry=[".gpu_bundle/partN"], timeout_s=600)
 
 Usage:
     python benchmarks/gpu_bundle.py [--out .gpu_bundle] [--part-mib 60] [--python-version 3.12]
@@ -278,11 +281,12 @@ def main() -> int:
         print(f"  {args.out.name}/part{number}: {size / MIB:5.1f} MiB, "
               f"{sum(1 for f in manifest['files'] if f['part'] == number)} files")
     last = manifest["parts"]
-    print("\nOn the GPU host, one device call per part, in this order, while the machine stays warm:")
+    print("\nOn the GPU host, one device call per part, in this order, each within the half minute the machine stays warm:")
     for number in range(1, last):
-        print(f"  run(command='ls {args.out.name}/part{number} | wc -l', carry=['{args.out.name}/part{number}'])")
-    print(f"  run(command='python3 benchmarks/gpu_check.py --bundle {args.out.name} --out $OUT', "
-          f"carry=['{args.out.name}/part{last}'], timeout_s=600)")
+        print(f"  run(command='mkdir -p /tmp/gpu_bundle && cp -r {args.out.name}/part{number} /tmp/gpu_bundle/', "
+              f"carry=['{args.out.name}/part{number}'])")
+    print(f"  run(command='cp -r {args.out.name}/part{last} /tmp/gpu_bundle/ && "
+          f"python3 benchmarks/gpu_check.py --bundle /tmp/gpu_bundle --out $OUT', carry=['{args.out.name}/part{last}'], timeout_s=600)")
     return 0
 
 
