@@ -114,9 +114,10 @@ def dependency_closure(python_version: str) -> dict[str, Needed]:
             )
             if wanted:
                 pending.append((requirement.name, tuple(requirement.extras)))
-                needed = found.setdefault(canonicalize_name(requirement.name),
-                                          Needed(metadata.version(requirement.name), SpecifierSet()))
-                needed.admits &= requirement.specifier
+                required = canonicalize_name(requirement.name)
+                if required not in found:
+                    found[required] = Needed(metadata.version(requirement.name), SpecifierSet())
+                found[required].admits &= requirement.specifier
     return found
 
 

@@ -393,7 +393,9 @@ def main() -> int:
                                    "--env-url", url, "--out", str(demos)], 150)
         if made:
             check.figures["demos"] = {"episodes": sum(1 for _ in open(demos, encoding="utf-8"))}
-        warm_start = stage_sft(check, demos) if made else check.skip("sft", "no demos")
+        if not made:
+            check.skip("sft", "no demos")
+        warm_start = stage_sft(check, demos) if made else None
         if warm_start is None:
             check.skip("learning", "no warm start")
             return write_report(check, started)

@@ -430,7 +430,7 @@ def main() -> int:
         for arm in args.arms:
             if str(seed) in results["arms"].get(arm, {}):
                 continue  # resumable: a finished run is kept
-            done = [run["steps"] for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
+            done = [run.get("steps", mode["steps"]) for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
             seconds = None
             if args.time_budget is not None and not done:
                 # This seed's share of what is left, less one evaluation per arm (timed by the baseline's).
