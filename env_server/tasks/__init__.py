@@ -49,12 +49,12 @@ class StaticSuite:
         self.gated = gated
         """Whether the gate applies (`coding-env tasks validate` skips a suite that opted out)."""
         known = verdicts or {}
-        verdicts = {
+        checked = {
             task.id: (known.get(task.id) or host_validity(task)) if gated else Validity(task_id=task.id, valid=True)
             for task in tasks
         }
-        self._tasks = {task.id: task for task in tasks if verdicts[task.id].valid}
-        self.rejected: dict[str, Validity] = {task_id: verdict for task_id, verdict in verdicts.items() if not verdict.valid}
+        self._tasks = {task.id: task for task in tasks if checked[task.id].valid}
+        self.rejected: dict[str, Validity] = {task_id: verdict for task_id, verdict in checked.items() if not verdict.valid}
         """Tasks the gate refused, by id (`coding-env tasks validate` reports them)."""
 
     def ids(self) -> list[str]:
