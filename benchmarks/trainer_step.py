@@ -90,7 +90,10 @@ class ScriptedBatchTrainer(ComposerTrainer):
     scripted_batch: dict[str, Any]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        return dict(self.scripted_batch)  # TRL shuffles and splits a copy; the tensors are not changed in place
+        # TRL shuffles and splits a copy; the tensors are not changed in place. On the trainer's device, as
+        # the generation they stand in for leaves them.
+        device = self.accelerator.device
+        return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in self.scripted_batch.items()}
 
 
 def task_messages(p: dict[str, Any], label: str) -> list[dict[str, Any]]:
@@ -288,7 +291,7 @@ def main() -> int:
         command += ["--teacher-runs-contexts"] if args.teacher_runs_contexts else []
         command += ["--dpo-runs-head"] if args.dpo_runs_head else []
         command += ["--dpo-contexts", args.dpo_contexts] + (["--service-tools"] if args.service_tools else [])
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout  # stderr: the caller's log
         peaks[name] = json.loads(output.strip().splitlines()[-1])
 
     tokenizer = load_tool_tokenizer()

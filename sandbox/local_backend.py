@@ -59,11 +59,11 @@ _ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "lo
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bwrap-spawner")
 
 
-def bwrap_argv(spec: LocalSpec, inbox_dir: Path | None = None) -> list[str]:
+def bwrap_argv(spec: LocalSpec, inbox_dir: Path | None = None, program: str = "bwrap") -> list[str]:
     """The bubblewrap command line (without the command to run inside) for `spec`, with
     `inbox_dir` bound read-only at `INBOX_MOUNT` when given."""
     uid, _, gid = spec.user.partition(":")
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv = [program, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if spec.network:
         argv.append("--share-net")
     argv += ["--uid", uid, "--gid", gid or uid, "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -146,12 +146,15 @@ class LocalDeployment(Deployment):
         return LocalDeployment(self.spec, self.start_timeout_s)
 
     def start(self) -> SupervisorChannel:
-        if shutil.which("bwrap") is None:
+        # Resolved on the service's PATH: the sandbox starts with a bare one (below), on which
+        # `setpriv` would look for bwrap again and miss one the service was given (decision 117).
+        program = shutil.which("bwrap")
+        if program is None:
             raise SandboxError("the local backend needs bubblewrap (`bwrap`) on PATH")
         self._stderr = tempfile.TemporaryFile()
         self.host_uid = _acquire_host_uid() if os.geteuid() == 0 else None
         self._create_inbox()
-        argv = limits_argv(self.spec, self.host_uid) + bwrap_argv(self.spec, self.inbox_dir) + ["--"] + bootstrap_argv(self.spec.workdir)
+        argv = limits_argv(self.spec, self.host_uid) + bwrap_argv(self.spec, self.inbox_dir, program) + ["--"] + bootstrap_argv(self.spec.workdir)
         # bwrap stays in the sandbox as its pid 1, whose /proc/1/environ the agent can read:
         # it gets a bare environment, never the service's (tokens, API keys).
         self._process = _spawner.submit(
@@ -164,7 +167,7 @@ class LocalDeployment(Deployment):
         self._process.stdin.flush()
 
     def _describe_failure(self) -> str:
-        if self._process is None:
+        if self._process is None or self._stderr is None or self._stderr.closed:
             return "sandbox was closed"
         code = self._process.poll()
         self._stderr.seek(0, os.SEEK_END)
