@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from env_server.http_errors import add_error_handlers
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
-from env_server.routes import http, mcp, sessions, ws
+from env_server.routes import episodes, http, mcp, sessions, ws
 from env_server.service import open_service
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
@@ -49,4 +49,5 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     app.include_router(sessions.router)
     app.include_router(mcp.router)
     app.include_router(ws.router)
+    app.include_router(episodes.router)
     return app

@@ -37,6 +37,7 @@ from env_server.models import (
     AssistantMessageAction,
     CallOutcome,
     CallResult,
+    EpisodeEnding,
     EpisodeRecord,
     EpisodeState,
     ErrorKind,
@@ -253,6 +254,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         spec = self._resolve_task(task_id, task, seed)
         if self._episode is not None:
             self._retire(self._episode.sandbox)
+            self._leave(self._episode, EpisodeEnding.ABANDONED)
             self._episode = None
         sandbox = self._open_sandbox()
         try:
@@ -359,6 +361,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     def close(self) -> None:
         if self._episode is not None:
             self._episode.sandbox.close()
+            self._leave(self._episode, EpisodeEnding.CLOSED)
             self._episode = None
 
     # -- Beyond OpenEnv ----------------------------------------------------------------------
@@ -523,17 +526,31 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     def _finish(self, episode: _Episode, outcome: ToolOutcome) -> None:
         episode.reward = outcome.reward
         record = episode.record
-        record.ended_at = time.time()
         record.reward = outcome.reward
         if outcome.grade is not None:
             record.tests_passed, record.tests_total = outcome.grade.tests_passed, outcome.grade.tests_total
+        # The graded sandbox is of no further use; free it now rather than at the next reset.
+        self._retire(episode.sandbox)
+        self._end_record(episode, _ending(outcome))
+
+    def _leave(self, episode: _Episode, ending: EpisodeEnding) -> None:
+        """An episode the client left before it ended (a reset onto another, the session closed):
+        recorded as `ending`, ungraded, when it took at least one step (one that took none has
+        nothing to read, and every stateless `/reset` makes one)."""
+        if not episode.done and episode.record.steps:
+            self._end_record(episode, ending)
+
+    def _end_record(self, episode: _Episode, ending: EpisodeEnding) -> None:
+        """The record completed (its ending, the monitor's flags, withheld until now) and logged once
+        the judge's late hints have landed."""
+        record = episode.record
+        record.ended_at = time.time()
+        record.ending = ending
         record.monitor_flags = list(episode.monitor_flags)
         for step, calls in zip(record.steps, episode.withheld_flags):
             for call, flags in zip(step.observation.calls, calls):
                 call.monitor_flags = flags
             step.monitor_flags = step.observation.step_monitor_flags = sorted({flag for flags in calls for flag in flags})
-        # The graded sandbox is of no further use; free it now rather than at the next reset.
-        self._retire(episode.sandbox)
         with episode.lock:
             episode.done = True
             if not episode.late_hints:
@@ -678,6 +695,13 @@ def _grading_failed(episode: _Episode, exc: Exception) -> ToolOutcome:
         ErrorKind.GRADING_ERROR,
         f"Grading failed ({type(exc).__name__}): the workspace could not be copied out and tested. Reward 0.",
     )
+
+
+def _ending(outcome: ToolOutcome) -> EpisodeEnding:
+    """How a step that ended the episode ended it."""
+    if outcome.end is not None:
+        return EpisodeEnding.ABORTED if outcome.end.aborted else EpisodeEnding.FAILED
+    return EpisodeEnding.STEP_LIMIT if outcome.step_limit_reached else EpisodeEnding.SUBMITTED
 
 
 def _ended(kind: ErrorKind, reason: str) -> ToolOutcome:

@@ -22,8 +22,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})
-"""Routes that answer without a token (liveness probes)."""
+OPEN_PATHS = frozenset({"/health", "/viewer/login"})
+"""Routes that answer without a token: liveness probes, and the form that asks for one."""
+
+VIEWER_COOKIE = "coding_env_viewer"
+"""The cookie `/viewer/login` sets: the token, for the episode viewer's pages (a browser sends no header)."""
+VIEWER_PATH = "/viewer"
 
 # 4401 mirrors HTTP 401 in the private WebSocket close-code range (4000-4999).
 WS_UNAUTHORIZED_CLOSE = 4401
@@ -60,9 +64,14 @@ class RequestGuard:
     def _authorized(self, scope: Scope) -> bool:
         if self._token is None or scope["path"] in OPEN_PATHS:
             return True
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, presented = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self._token)
+        headers = dict(scope["headers"])
+        scheme, _, presented = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self._token):
+            return True
+        # The viewer's cookie opens its read-only pages and nothing else: no action, no other route.
+        viewer_page = scope["type"] == "http" and scope.get("method") == "GET" and (
+            scope["path"] == VIEWER_PATH or scope["path"].startswith(VIEWER_PATH + "/"))
+        return viewer_page and hmac.compare_digest(_cookie(headers.get(b"cookie", b""), VIEWER_COOKIE), self._token)
 
     async def _deny_websocket(self, scope: Scope, send: Send) -> None:
         if "websocket.http.response" in scope.get("extensions", {}):
@@ -115,6 +124,15 @@ class RequestGuard:
 
     async def _too_large(self, send: Send) -> None:
         await _respond(send, ApiErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body_bytes} bytes")
+
+
+def _cookie(header: bytes, name: str) -> bytes:
+    """The value of cookie `name` in a `Cookie` header (empty when absent)."""
+    for pair in header.split(b";"):
+        key, _, value = pair.strip().partition(b"=")
+        if key.decode("latin-1") == name:
+            return value
+    return b""
 
 
 async def _respond(send: Send, code: ApiErrorCode, message: str, extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:

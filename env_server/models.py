@@ -549,8 +549,25 @@ class TrajectoryStep(BaseModel):
     """What the monitor flagged in this step's calls (each call's own: `observation.calls`)."""
 
 
+class EpisodeEnding(enum.StrEnum):
+    """How an episode ended: the first four by a step, the last two by the client leaving it."""
+
+    SUBMITTED = "submitted"
+    """The agent submitted; the workspace was graded."""
+    STEP_LIMIT = "step_limit"
+    """The agent used the task's last step; the workspace was graded after it."""
+    FAILED = "failed"
+    """A failure on the agent's account ended it (its sandbox died, grading could not run): reward 0."""
+    ABORTED = "aborted"
+    """The infrastructure failed: no reward to learn from."""
+    ABANDONED = "abandoned"
+    """The session was reset onto another episode before this one ended: never graded."""
+    CLOSED = "closed"
+    """The session closed before the episode ended: never graded."""
+
+
 class EpisodeRecord(BaseModel):
-    """One finished episode: the JSONL line the service writes and the trainer ingests."""
+    """One episode, finished or left unfinished: the JSONL line the service writes and the trainer ingests."""
 
     schema_version: Literal[1] = TRAJECTORY_SCHEMA_VERSION
     session_id: str
@@ -566,3 +583,47 @@ class EpisodeRecord(BaseModel):
     """Every flag of the episode, the grader's own included."""
     started_at: float
     ended_at: float | None = None
+    ending: EpisodeEnding | None = None
+    """How it ended; None while it goes on. Only `submitted` and `step_limit` episodes were graded."""
+
+
+class EpisodeSummary(BaseModel):
+    """One ended episode in a line: what `GET /episodes` lists and the viewer's index shows."""
+
+    episode_id: str
+    session_id: str
+    task_id: str
+    ending: EpisodeEnding | None
+    reward: float | None
+    tests_passed: int | None
+    tests_total: int | None
+    steps: int
+    error_kinds: dict[str, int]
+    """How often each error kind answered a call of the episode."""
+    monitor_flags: list[MonitorFlag]
+    started_at: float
+    ended_at: float | None
+
+    @classmethod
+    def of(cls, record: EpisodeRecord) -> EpisodeSummary:
+        kinds: dict[str, int] = {}
+        for step in record.steps:
+            for call in step.observation.calls:
+                if call.error_kind is not None:
+                    kinds[call.error_kind.value] = kinds.get(call.error_kind.value, 0) + 1
+        return cls(
+            **record.model_dump(include={"episode_id", "session_id", "task_id", "ending", "reward", "tests_passed",
+                                         "tests_total", "monitor_flags", "started_at", "ended_at"}),
+            steps=len(record.steps),
+            error_kinds=kinds,
+        )
+
+
+class EpisodePage(BaseModel):
+    """Answer of `GET /episodes`: the service's recently ended episodes, newest first."""
+
+    episodes: list[EpisodeSummary]
+    total: int
+    """Episodes kept (`recent_episodes`), of which `episodes` is the page asked for."""
+    offset: int
+    limit: int

@@ -53,6 +53,8 @@ class Service:
     metrics: ServiceMetrics
     tasks: TaskRegistry
     new_environment: Callable[[str | None], CodingEnvironment]
+    episodes: EpisodeLog
+    """Ended episodes: the recent ones for the viewer, and the trajectory file when one is set."""
 
     async def open_session(self, client_gone: Callable[[], Awaitable[object]] | None = None) -> Session:
         """A new session, after its turn in the admission queue when the service is at its cap;
@@ -181,7 +183,7 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
         metrics.track_pool(lambda: pool.ready_count)
     hints = HintGenerator(settings.hints, list(TOOLS))
     engine_alive = _engine_probe(settings)
-    episode_log = EpisodeLog(settings.trajectory_dir) if settings.trajectory_dir else None
+    episode_log = EpisodeLog(settings.trajectory_dir, settings.recent_episodes)
 
     def new_environment(session_id: str | None) -> CodingEnvironment:
         return CodingEnvironment(
@@ -209,7 +211,7 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
     )
     reaper = asyncio.create_task(sessions.reap_idle())
     try:
-        yield Service(settings, sessions, metrics, tasks, new_environment)
+        yield Service(settings, sessions, metrics, tasks, new_environment, episode_log)
     finally:
         reaper.cancel()
         await sessions.close_all()

@@ -123,7 +123,11 @@ class ServiceSettings(BaseSettings):
     started with an id takes over, and reaps, whatever sandboxes that id's predecessor left."""
 
     trajectory_dir: Path | None = None
-    """When set, each finished episode is appended as one JSON line to `episodes.jsonl` here."""
+    """When set, each ended episode (graded, failed, aborted, or left unfinished by a reset or a
+    close after at least one step) is appended as one JSON line to `episodes.jsonl` here."""
+
+    recent_episodes: int = Field(default=200, ge=0)
+    """Ended episodes kept in memory for the episode viewer (`/viewer`) and `GET /episodes`; 0 keeps none."""
 
     hints: HintSettings = Field(default_factory=HintSettings)
     """Hint generation."""
