@@ -77,6 +77,8 @@ class Episode:
     sample: int
     environment: Any = None
     context: list[int] = field(default_factory=list)
+    prompt: list[dict[str, Any]] = field(default_factory=list)
+    """The messages the episode started from (the task after reset)."""
     completion: list[dict[str, Any]] = field(default_factory=list)
     """Assistant and tool messages after the prompt, as TRL's tool loop appends them."""
     completion_tokens: int = 0
@@ -182,7 +184,7 @@ class Evaluator:
 
         episode.started = time.perf_counter()
         row = task_row(episode.task_id)
-        prompt = prompt_after_reset(row, episode.environment.reset(**row))
+        prompt = episode.prompt = prompt_after_reset(row, episode.environment.reset(**row))
         tools = environment_methods(episode.environment)
         episode.context = list(
             self._tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -345,10 +347,33 @@ def plot(summary: dict[str, Any], path: Path, *, k: int, title: str) -> None:
     plt.close(figure)
 
 
+TRANSCRIPTS_FILE = "transcripts.jsonl"
+
+
+def transcript(episode: Episode) -> dict[str, Any]:
+    """One episode as it was played: the conversation (the task, each turn as parsed, each tool's answer
+    as the model read it) and what came of it."""
+    return {
+        "task_id": episode.task_id,
+        "sample": episode.sample,
+        "reward": episode.reward,
+        "submitted": episode.submitted,
+        "turns": episode.turns,
+        "valid_turns": episode.valid_turns,
+        "error_kinds": episode.error_kinds,
+        "completion_tokens": episode.completion_tokens,
+        "seconds": round(episode.seconds, 3),
+        "messages": episode.prompt + episode.completion,
+    }
+
+
 def write_report(episodes: Sequence[Episode], out: Path, *, k: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """`out/eval.json` and `out/eval.png`; returns the report."""
+    """`out/eval.json`, `out/eval.png` and `out/transcripts.jsonl` (one line per episode); returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     report = {**meta, **summarize(episodes, k=k, seed=meta.get("seed", 0))}
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with open(out / TRANSCRIPTS_FILE, "w", encoding="utf-8") as lines:
+        for episode in episodes:
+            lines.write(json.dumps(transcript(episode), ensure_ascii=False, default=str) + "\n")
     plot(report, out / "eval.png", k=k, title=f"{meta.get('model')} on {meta.get('suite')} ({report['tasks']} tasks x {k})")
     return report

@@ -132,6 +132,12 @@ def test_eval_command_writes_report_and_figure(service_url: str, tmp_path: Path)
     assert sum(report["turns_per_episode"]["histogram"].values()) == 4
     assert report["seconds_per_task"] > 0 and not math.isnan(report["seconds"])
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One transcript per episode, each the conversation from the task on.
+    transcripts = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len(transcripts) == 4 and {t["sample"] for t in transcripts} == {0, 1}
+    for one in transcripts:
+        assert one["messages"][0]["role"] in ("system", "user") and one["messages"][-1]["role"] in ("assistant", "tool")
+        assert sum(m["role"] == "assistant" for m in one["messages"]) == one["turns"]
 
 
 def test_ungraded_episodes_are_left_out_not_failed() -> None:
