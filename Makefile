@@ -4,7 +4,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 EXTRAS := server,tasks,train,dev,skyrl
 
-.PHONY: test image install wheels clean-containers
+.PHONY: test image install wheels compose-offline clean-containers
 
 test: install image wheels
 	$(PY) -m pytest -q -ra
@@ -27,18 +27,38 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	touch $@
 
 # The wheels the service image installs offline (`docker build` has no network here; see
-# Dockerfile), for tests/service/test_compose.py. Dependencies are resolved again only when their
-# declarations change; the project's own wheel is rebuilt on every run (a few seconds), from a
+# Dockerfile), for tests/service/test_compose.py and `make compose-offline`. Resolved by a venv that
+# holds pip alone (building wheels needs nothing installed: no torch, ray or verl), again only when
+# the declarations change; the project's own wheel is rebuilt on every run (a few seconds), from a
 # clean build/ so that no deleted module lingers in it, so the image never carries stale code.
-WHEELS := dist/wheels
+WHEELS     := dist/wheels
+WHEEL_VENV := .venv-wheels
 
 wheels: $(WHEELS)/.dependencies
 	rm -rf build
-	$(PY) -m pip wheel -q --no-deps -w $(WHEELS) .
+	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w $(WHEELS) .
 
-$(WHEELS)/.dependencies: pyproject.toml constraints-service.txt $(VENV)/.installed
+$(WHEEL_VENV)/bin/python:
+	$(PYTHON) -m venv $(WHEEL_VENV)
+
+$(WHEELS)/.dependencies: pyproject.toml constraints-service.txt | $(WHEEL_VENV)/bin/python
 	rm -rf $(WHEELS)
-	$(PY) -m pip wheel -q -c constraints-service.txt -w $(WHEELS) ".[server,tasks]" pip
+	$(WHEEL_VENV)/bin/python -m pip wheel -q -c constraints-service.txt -w $(WHEELS) ".[server,tasks]" pip
+	touch $@
+
+# `docker compose up` on a host without a registry, in one command: the service's wheels, the
+# Debian base image made by debootstrap (imported once), and a `.env` that points compose's
+# SERVICE_BASE and SANDBOX_BASE at it. Installs only the service ([server,tasks]) in .venv-service.
+SERVICE_VENV ?= .venv-service
+ENV_FILE     ?= .env
+
+compose-offline: wheels $(SERVICE_VENV)/.installed
+	$(SERVICE_VENV)/bin/python -c 'import sys; from sandbox.image import offline_base; base = offline_base(); \
+		open(sys.argv[1], "w").write(f"SERVICE_BASE={base}\nSANDBOX_BASE={base}\n"); print(f"{sys.argv[1]}: SERVICE_BASE and SANDBOX_BASE = {base}")' $(ENV_FILE)
+
+$(SERVICE_VENV)/.installed: pyproject.toml constraints-service.txt
+	test -x $(SERVICE_VENV)/bin/python || $(PYTHON) -m venv $(SERVICE_VENV)
+	$(SERVICE_VENV)/bin/python -m pip install -q -c constraints-service.txt -e '.[server,tasks]'
 	touch $@
 
 # Builds coding-env-sandbox:latest unless it exists (from a registry base, else offline via debootstrap).

@@ -65,6 +65,26 @@ def compose(tmp_path: Path, unused_port: int) -> Iterator[Compose]:
     compose("down", "--volumes", "--timeout", "60")
 
 
+def test_compose_offline_points_compose_at_the_local_base(tmp_path: Path) -> None:
+    """`make compose-offline` (the README's command for a host without a registry) leaves the wheels
+    and an env file that gives both builds the debootstrap base. Run with the test venv as the
+    service's (it holds [server,tasks]); `-o` keeps make from installing anything into it."""
+    env_file = tmp_path / "compose.env"
+    venv = Path(sys.executable).parents[1]
+    made = subprocess.run(["make", "-o", f"{venv}/.installed", "compose-offline", f"SERVICE_VENV={venv}", f"ENV_FILE={env_file}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stdout + made.stderr
+    base = offline_base()
+    assert env_file.read_text() == f"SERVICE_BASE={base}\nSANDBOX_BASE={base}\n"
+    assert any(WHEELS.glob("coding_env-*.whl")) and (WHEELS / ".dependencies").exists()
+    env = {key: value for key, value in os.environ.items() if key not in ("SERVICE_BASE", "SANDBOX_BASE")}
+    shown = subprocess.run(["docker-compose", "--env-file", str(env_file), "-f", str(ROOT / "docker-compose.yml"), "config"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    services = yaml.safe_load(shown.stdout)["services"]
+    assert services["service"]["build"]["args"]["BASE"] == base and services["sandbox-image"]["build"]["args"]["BASE"] == base
+
+
 @pytest.fixture
 def unused_port() -> int:
     with socket.socket() as probe:
