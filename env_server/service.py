@@ -210,6 +210,14 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
         replica_id=settings.replica_id,
     )
     reaper = asyncio.create_task(sessions.reap_idle())
+    log.info(
+        "serving on the %s backend: %d warm sandboxes (+%d for grading), at most %d sessions, %s; task suites: %s "
+        "(default task %s); ended episodes at /viewer (last %d)%s",
+        settings.sandbox_backend, settings.pool_size, settings.grading_pool_size, settings.max_sessions,
+        "bearer token required" if settings.api_token else "no token (set CODING_ENV_API_TOKEN before exposing the port)",
+        ", ".join(tasks.suites()), settings.default_task, settings.recent_episodes,
+        f", appended to {settings.trajectory_dir}" if settings.trajectory_dir else "",
+    )
     try:
         yield Service(settings, sessions, metrics, tasks, new_environment, episode_log)
     finally:
