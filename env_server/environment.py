@@ -50,6 +50,7 @@ from env_server.models import (
     TrajectoryStep,
 )
 from env_server.monitor import scan_tool_call
+from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
 from env_server.tool_call_parser import TOOL_CALL_FAMILIES, ToolCallParseError, parse_arguments, parse_tool_calls
@@ -355,7 +356,8 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             description="Agentic coding tasks in hardened sandboxes: bash and file tools, typed error kinds, hints, "
             "hidden-test grading.",
             version="0.1.0",
-            documentation_url="docs/api.md",
+            readme_content=readme_text(),
+            documentation_url=DOCUMENTATION_PATH,  # made absolute by the route, which knows the base URL
         )
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from pydantic import Field
 from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage
+from env_server.package_docs import with_absolute_links
 from env_server.service import request_gone, service_of
 from env_server.service_errors import ServiceError
 
@@ -46,7 +47,7 @@ async def health() -> HealthResponse:
 
 @router.get("/metadata", response_model=EnvironmentMetadata, responses=errors(), tags=["OpenEnv"])
 async def metadata(request: Request) -> EnvironmentMetadata:
-    return service_of(request).new_environment(None).get_metadata()
+    return with_absolute_links(service_of(request).new_environment(None).get_metadata(), str(request.base_url))
 
 
 @router.get("/schema", response_model=SchemaResponse, responses=errors(), tags=["OpenEnv"])
