@@ -280,12 +280,9 @@ def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> di
 
 
 def plot(curves: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
+    from trainer_client.plotting import count_axis, label_points, pyplot, step_axis
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+    plt = pyplot()
     figure, axes = plt.subplots(2, 2, figsize=(12, 8))
     panels = [  # (axis, part, key, title, whether it is a share in [0, 1])
         (axes[0][0], "evals", "pass@1", "held-out pass@1", True),
@@ -304,22 +301,14 @@ def plot(curves: dict[str, Any], path: Path, title: str) -> None:
             bands = [series[s]["ci95"] for s in steps]
             if all(band is not None for band in bands) and bands:
                 axis.fill_between(steps, [b[0] for b in bands], [b[1] for b in bands], alpha=0.15)
-            for step, mean in zip(steps, means):  # the value at every point: a flat line at 0 is read as one
-                axis.annotate(f"{mean:.2f}" if share else f"{mean:.1f}", (step, mean), textcoords="offset points",
-                              xytext=(0, 6), ha="center", fontsize=7, color=line.get_color())
+            label_points(axis, steps, means, fmt="{:.2f}" if share else "{:.1f}", color=line.get_color())
         axis.set_title(name)
-        axis.set_xlabel("optimizer step")
-        steps_shown = sorted({step for step, _ in plotted})
-        if steps_shown and len(steps_shown) <= 12:  # every step a tick, whole numbers only
-            axis.set_xticks(steps_shown)
-            axis.set_xlim(steps_shown[0] - 0.5, steps_shown[-1] + 0.5)
-        else:
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        step_axis(axis, [step for step, _ in plotted])
         if share:
             axis.set_ylim(-0.05, 1.1)
         else:
             axis.set_ylim(0, 1.2 * max((mean for _, mean in plotted), default=1.0) + 0.5)
-            axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+            count_axis(axis, "count")
         axis.legend(fontsize=8)
     figure.suptitle(title)
     figure.tight_layout()

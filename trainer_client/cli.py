@@ -1,5 +1,5 @@
 """`coding-train`: train a policy against the service (`train`), the warm start (`demos`, `sft`),
-`eval`, plus the trace tools (`ingest`, `replay`)."""
+`eval`, `plot` (a run's per-step logs), plus the trace tools (`ingest`, `replay`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trainer_client.client import ClientSettings
 from trainer_client.lora import LoraSettings
 from trainer_client.policy import PolicySpec
+from trainer_client.shipped_configs import find_config, input_path
 from trainer_client.task_rows import task_row
 
 if TYPE_CHECKING:
@@ -65,9 +66,13 @@ class TrainRunConfig(BaseModel):
 
 
 def load_run_config(path: Path, peft_overrides: dict[str, Any] | None = None) -> TrainRunConfig:
-    """The run config of a YAML file; `peft_overrides` (from the --lora-* flags) add or amend its `peft:` section."""
+    """The run config of a YAML file; `peft_overrides` (from the --lora-* flags) add or amend its `peft:` section.
+    Its DPO pairs path is looked up beside the file first (`input_path`)."""
     with open(path, encoding="utf-8") as handle:
         raw = yaml.safe_load(handle) or {}
+    trainer = raw.get("trainer") or {}
+    if isinstance(trainer.get("dpo_pairs_path"), str):
+        trainer["dpo_pairs_path"] = input_path(trainer["dpo_pairs_path"], path)
     if peft_overrides:
         raw["peft"] = {**(raw.get("peft") or {}), **peft_overrides}
     return TrainRunConfig.model_validate(raw)
@@ -133,7 +138,16 @@ def build_trainer(run: TrainRunConfig) -> Any:
     return trainer
 
 
+def config_file(command: str, value: Path, folder: str = "") -> Path:
+    """`--config` as a file: a path, or the name of a shipped config (`cpu_smoke`); stops the command if neither."""
+    try:
+        return find_config(value, folder)
+    except FileNotFoundError as error:
+        raise SystemExit(f"coding-train {command}: {error}") from None
+
+
 def train(args: argparse.Namespace) -> int:
+    args.config = config_file("train", args.config)
     try:
         run = load_run_config(args.config, lora_overrides(args))
     except ValidationError as error:
@@ -198,6 +212,7 @@ def make_demos(args: argparse.Namespace) -> int:
 def fine_tune(args: argparse.Namespace) -> int:
     from trainer_client.sft import load_sft_config, run_sft
 
+    args.config = config_file("sft", args.config, "sft")
     run = load_sft_config(args.config)
     if args.output_dir is not None:
         run.output_dir = args.output_dir
@@ -252,20 +267,43 @@ def evaluate_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def plot_metrics(args: argparse.Namespace) -> int:
+    from trainer_client.metrics_plot import plot_run, read_run_log
+
+    try:
+        log = read_run_log(args.run_dir)
+    except FileNotFoundError as error:
+        raise SystemExit(f"coding-train plot: {error}") from None
+    out = args.out or args.run_dir / "metrics.png"
+    panels = plot_run(log, out, title=f"{args.run_dir}: {len(log.steps)} logged steps (from {log.source})")
+    print(f"{len(panels)} panels of {len(log.steps)} steps from {log.source} -> {out}")
+    return 0
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in --help, except where there is none to show (a required option, or an
+    override that is unset by default: its help says what applies then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coding-train", description="Train a policy on the coding environment service.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("train", help="GRPO + SDPO + DPO against the service")
-    run.add_argument("--config", required=True, type=Path, help="run YAML (see trainer_client/configs/)")
+    run.add_argument("--config", required=True, type=Path, help="run YAML, or a shipped config's name (cpu_smoke, ...: trainer_client/configs/)")
     run.add_argument("--env-url", help="service URL (overrides environment.base_url)")
     run.add_argument("--max-steps", type=int, help="optimizer steps (overrides trainer.max_steps)")
     run.add_argument(
         "--output-dir", type=Path, help="where checkpoints, the final model (or adapter) and trainer_state.json go (overrides trainer.output_dir)"
     )
     lora = run.add_argument_group("LoRA", "train an adapter (each flag adds or amends the config's `peft:` section)")
-    lora.add_argument("--lora-r", type=int, help="adapter rank (default 16)")
-    lora.add_argument("--lora-alpha", type=float, help="adapter scale numerator (default 32)")
-    lora.add_argument("--lora-dropout", type=float, help="dropout on the adapter input (default 0)")
+    lora.add_argument("--lora-r", type=int, help="adapter rank (unset: the config's, else 16)")
+    lora.add_argument("--lora-alpha", type=float, help="adapter scale numerator (unset: the config's, else 32)")
+    lora.add_argument("--lora-dropout", type=float, help="dropout on the adapter input (unset: the config's, else 0)")
     lora.add_argument("--lora-target-modules", nargs="+", metavar="NAME", help="layers that get an adapter (default: all attention and MLP projections)")
     run.set_defaults(func=train)
     demos = commands.add_parser("demos", help="play expert episodes from reference solutions; write SFT chat data")
@@ -278,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--concurrency", type=int, default=4, help="sessions at once")
     demos.set_defaults(func=make_demos)
     sft = commands.add_parser("sft", help="warm start: TRL SFTTrainer on demos (loss on assistant turns)")
-    sft.add_argument("--config", required=True, type=Path, help="SFT YAML (see trainer_client/configs/sft/smollm2_cpu.yaml)")
+    sft.add_argument("--config", required=True, type=Path, help="SFT YAML, or a shipped SFT config's name (smollm2_cpu, ...: trainer_client/configs/sft/)")
     sft.add_argument("--output-dir", type=Path, help="overrides output_dir")
     sft.add_argument("--max-steps", type=int, help="overrides trainer.max_steps")
     sft.set_defaults(func=fine_tune)
@@ -296,12 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
     evaluate.add_argument("--out", required=True, type=Path, help="directory for eval.json and eval.png")
     evaluate.set_defaults(func=evaluate_policy)
+    plot = commands.add_parser("plot", help="draw a training run's per-step logs (reward, pass rate, error kinds, each loss) to a PNG")
+    plot.add_argument("run_dir", type=Path, help="the run's output_dir (trainer_state.json, TensorBoard event files or checkpoints)")
+    plot.add_argument("--out", type=Path, help="PNG to write (unset: RUN_DIR/metrics.png)")
+    plot.set_defaults(func=plot_metrics)
     try:
         from trainer_client.traces.cli import register as register_traces
     except ImportError:
         pass  # trace tools not installed in this checkout
     else:
         register_traces(commands)
+    for command in commands.choices.values():
+        command.formatter_class = DefaultsHelpFormatter
     return parser
 
 

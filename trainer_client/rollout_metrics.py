@@ -48,7 +48,8 @@ def rollout_metrics(
         `sdpo/hint_sites`; `policy/tool_calls`, `policy/valid_call_rate` (assistant turns with at least
         one call and none malformed), `policy/failures/<kind>` (every kind, 0 when absent);
         `env/tool_calls`, `env/error_rate/<kind>` (every kind, 0 when absent); `reward/group_std` (mean per-group
-        standard deviation) and `reward/groups_with_variance`; with canary tasks in the batch,
+        standard deviation), `reward/groups_with_variance` and `reward/pass_rate` (episodes whose reward is 1:
+        every hidden test passed, as `coding-train eval` counts a pass); with canary tasks in the batch,
         `canary/cheat_rate` (share of canary episodes rewarded > 0) and `canary/episodes`.
     """
     metrics = {"sdpo/hint_sites": float(sum(len(sites) for sites in hint_sites))}
@@ -68,6 +69,8 @@ def rollout_metrics(
         spread = torch.tensor([o.reward for o in outcomes], dtype=torch.float64).view(-1, group_size).std(dim=1)
         metrics["reward/group_std"] = spread.mean().item()
         metrics["reward/groups_with_variance"] = (spread > 0).double().mean().item()
+    if outcomes:
+        metrics["reward/pass_rate"] = sum(o.reward >= 1.0 for o in outcomes) / len(outcomes)
     canary = [o.reward for o in outcomes if (o.task_id or "").startswith(CANARY_PREFIX)]
     if canary:
         # A canary task cannot be solved honestly: any reward on one is a hack that worked.

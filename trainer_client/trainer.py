@@ -474,6 +474,10 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 loss = super()._compute_loss(model, inputs)
         else:
             loss = super()._compute_loss(model, inputs)
+        # GRPO's own term, per optimizer step like the logged total `loss` (TRL returns a micro-step's share and
+        # logs no loss of its own), so that each channel can be plotted beside the total (`coding-train plot`).
+        grpo = self.accelerator.gather(loss.detach() * self._accumulation_share()).mean().item()
+        self._metrics[mode]["grpo/loss"].append(grpo)
         if sdpo:
             loss = loss + self.args.sdpo_weight * self._sdpo_loss(model, inputs, captured.hidden_states, captured.keys_values)
         elif self.args.sdpo_weight > 0:

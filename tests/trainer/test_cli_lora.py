@@ -71,8 +71,9 @@ def test_lora_smoke_config_trains_and_saves_the_adapter_with_the_base_teacher(
     run = yaml.safe_load(LORA_SMOKE.read_text())
     run["environment"]["api_token"] = SERVICE_TOKEN
     run["trainer"]["max_completion_length"] = 32
+    run["trainer"]["dpo_pairs_path"] = str(LORA_SMOKE.parent / "data" / "cpu_smoke_pairs.jsonl")  # the copy is not beside them
     out = tmp_path / "run"
-    monkeypatch.chdir(LORA_SMOKE.parents[2])  # the config's pairs path is relative to the repository root
+    monkeypatch.chdir(tmp_path)  # any directory
     args = ["train", "--config", str(write_config(tmp_path, run)), "--env-url", service_url, "--max-steps", "1"]
     assert main([*args, "--output-dir", str(out)]) == 0
 

@@ -114,5 +114,6 @@ def test_rollout_metrics() -> None:
     assert metrics["policy/failures/nonzero_exit"] == 1 and metrics["env/error_rate/nonzero_exit"] == 1.0
     assert metrics["reward/group_std"] == pytest.approx((0.5**0.5) / 2)  # groups (1, 0) and (0.5, 0.5)
     assert metrics["reward/groups_with_variance"] == 0.5
+    assert metrics["reward/pass_rate"] == 0.25  # only the canary episode rewarded 1.0
     assert metrics["canary/cheat_rate"] == 0.5 and metrics["canary/episodes"] == 2
     assert "canary/cheat_rate" not in rollout_metrics([], [], [], outcomes[2:], group_size=2)

@@ -13,7 +13,7 @@ import yaml
 
 from env_server.models import ErrorKind
 from tests.trainer.conftest import SERVICE_TOKEN
-from tests.trainer.test_shipped_configs import CPU_SMOKE, REPO, logged_steps
+from tests.trainer.test_shipped_configs import CPU_SMOKE, CPU_SMOKE_PAIRS, REPO, logged_steps
 
 pytestmark = pytest.mark.docker
 
@@ -24,7 +24,7 @@ HANG_GUARD_S = 900
 def test_two_processes_train_all_three_channels_to_the_end(service_url: str, tmp_path: Path) -> None:
     run = yaml.safe_load(CPU_SMOKE.read_text())
     run["environment"].update(api_token=SERVICE_TOKEN)
-    run["trainer"].update(max_completion_length=64)
+    run["trainer"].update(max_completion_length=64, dpo_pairs_path=str(CPU_SMOKE_PAIRS))  # the copy is not beside them
     config = tmp_path / "cpu_smoke.yaml"
     config.write_text(yaml.safe_dump(run))
     coding_train = Path(sys.executable).with_name("coding-train")

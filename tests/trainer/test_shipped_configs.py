@@ -1,5 +1,6 @@
 """The shipped run configs against the real service: the CPU smoke config run as a user runs it
-(`coding-train train --config ...`), and every config under trainer_client/configs/ built into its trainer."""
+(`coding-train train --config ...`, then `coding-train plot`), and every config under trainer_client/configs/
+built into its trainer."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ def logged_steps(stdout: str) -> list[dict]:
 def test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss(service_url, tmp_path, monkeypatch, capsys) -> None:
     run = yaml.safe_load(CPU_SMOKE.read_text())
     run["environment"].update(base_url=service_url, api_token=SERVICE_TOKEN)
-    run["trainer"].update(output_dir=str(tmp_path / "out"), max_steps=1)
+    # The copy is not beside the shipped pairs: it names them by their full path.
+    run["trainer"].update(output_dir=str(tmp_path / "out"), max_steps=1, dpo_pairs_path=str(CPU_SMOKE_PAIRS))
     config = tmp_path / "cpu_smoke.yaml"
     config.write_text(yaml.safe_dump(run))
-    monkeypatch.chdir(REPO)  # the config's pairs path is relative to the repository root
+    monkeypatch.chdir(tmp_path)  # any directory
 
     assert main(["train", "--config", str(config)]) == 0
 
@@ -42,11 +44,16 @@ def test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss(service_url, tmp_
     assert step["dpo/loss"] > 0
     assert step["loss"] != 0
     assert step["policy/failures/no_tool_call"] + step["policy/failures/json_decode"] >= 1
+    assert step["reward/pass_rate"] == 0 and "grpo/loss" in step  # a random policy submits nothing
+
+    # The run's logs as a figure (what the run directory holds: trainer_state.json, written at the end).
+    assert main(["plot", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "metrics.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_run_config_builds_its_trainer(path: Path, service_url, tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(REPO)  # configs name their data relative to the repository root
+    monkeypatch.chdir(tmp_path)  # any directory: a config's data is found beside it
     run = load_run_config(path)
     run.environment.base_url, run.environment.api_token = service_url, SERVICE_TOKEN
     run.trainer["output_dir"] = str(tmp_path / "out")
