@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 # the declarations change; the project's own wheel is rebuilt on every run (a few seconds), from a
 # clean build/ so that no deleted module lingers in it, so the image never carries stale code.
 WHEELS     := dist/wheels
-WHEEL_VENV := .venv-wheels
+WHEEL_VENV := $(VENV)/wheels
 
 wheels: $(WHEELS)/.dependencies
 	rm -rf build
@@ -48,8 +48,8 @@ $(WHEELS)/.dependencies: pyproject.toml constraints-service.txt | $(WHEEL_VENV)/
 
 # `docker compose up` on a host without a registry, in one command: the service's wheels, the
 # Debian base image made by debootstrap (imported once), and a `.env` that points compose's
-# SERVICE_BASE and SANDBOX_BASE at it. Installs only the service ([server,tasks]) in .venv-service.
-SERVICE_VENV ?= .venv-service
+# SERVICE_BASE and SANDBOX_BASE at it. Installs only the service ([server,tasks]) in .venv/service.
+SERVICE_VENV ?= $(VENV)/service
 ENV_FILE     ?= .env
 
 compose-offline: wheels $(SERVICE_VENV)/.installed

@@ -109,8 +109,8 @@ async def websocket_session(websocket: WebSocket) -> None:
                 pass  # already closed (idle reaper)
     try:
         await websocket.close()
-    except RuntimeError:
-        pass  # the client has gone
+    except (RuntimeError, WebSocketDisconnect):
+        pass  # the client has gone (OpenEnv's `EnvClient` closes first)
 
 
 async def _disconnect_in(first_frame: asyncio.Future[dict]) -> None:
