@@ -64,6 +64,7 @@ from trainer_client.policy_forward import (
 )
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
+from trainer_client.completion_samples import CompletionSampleLog, RolloutSample
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 
 TeacherKind = Literal["live", "ema", "base"]
@@ -78,6 +79,13 @@ class ComposerConfig(ConcurrentRolloutConfig):
         metadata={
             "help": "Where metrics go: TensorBoard event files under `output_dir/runs` (`[train]` installs it; "
             "`tensorboard --logdir OUTPUT_DIR`), another integration's name, or 'none' / []."
+        },
+    )
+    completion_samples_per_step: int = field(
+        default=2,
+        metadata={
+            "help": "Rollouts of each generation batch written as conversations to `output_dir/completions.jsonl` "
+            "(the task, each turn and tool answer, error kinds, reward), to read what the policy did; 0: none."
         },
     )
     sdpo_weight: float = field(default=0.0, metadata={"help": "alpha: weight of the SDPO loss; 0 disables it."})
@@ -284,6 +292,13 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             role=config.hint_role,
         )
         self._rollout_messages: list[list[dict[str, Any]]] = []
+        self._rollout_prompts: list[Any] = []
+        # The main process's share of each batch is sample enough, and one writer keeps the file whole.
+        self._completion_samples = (
+            CompletionSampleLog(config.output_dir, config.completion_samples_per_step, config.seed)
+            if self.accelerator.is_main_process and config.completion_samples_per_step > 0
+            else None
+        )
         self._ema_teacher: torch.nn.Module | None = None
         if config.sdpo_weight > 0 and config.sdpo_teacher == "ema":
             if self._parameters_sharded():
@@ -406,6 +421,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
     def _generate(self, prompts: list):
         result = super()._generate(prompts)
         self._rollout_messages = result[3]  # the parsed completion messages, needed to map calls to turns
+        self._rollout_prompts = prompts
         return result
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -438,6 +454,14 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             reports.append(rollout)
             hint_sites.append(locate_hint_sites(rollout or [], mask, self._hint_template))
         mode = "train" if self.model.training else "eval"
+        if self._completion_samples is not None and mode == "train":
+            self._completion_samples.write(self.state.global_step, [
+                RolloutSample(getattr(environment, "task_id", None), getattr(environment, "reward", None),
+                              prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}],
+                              self._rollout_messages[index],
+                              [failure.kind.value for turn in rollout or () for failure in turn.failures])
+                for index, (environment, prompt, rollout) in enumerate(zip(self.environments, self._rollout_prompts, reports))
+            ])
         # The global batch's numbers: every rank's rollouts, in rank order (a GRPO group may span ranks).
         metrics = rollout_metrics(
             gather_object(reports),

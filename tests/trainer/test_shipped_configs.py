@@ -5,6 +5,7 @@ built into its trainer."""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,13 @@ def test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss(service_url, tmp_
     assert step["loss"] != 0
     assert step["policy/failures/no_tool_call"] + step["policy/failures/json_decode"] >= 1
     assert step["reward/pass_rate"] == 0 and "grpo/loss" in step  # a random policy submits nothing
+
+    # What the policy did: a sample of the step's rollouts as conversations.
+    samples = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and {sample["step"] for sample in samples} == {0}
+    for sample in samples:
+        assert sample["task_id"] and sample["messages"][0]["role"] in ("system", "user")
+        assert sample["messages"][-1]["role"] in ("assistant", "tool") and sample["reward"] in (None, 0.0)
 
     # The run's logs as a figure (what the run directory holds: trainer_state.json, written at the end).
     assert main(["plot", str(tmp_path / "out")]) == 0
