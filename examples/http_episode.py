@@ -1,17 +1,30 @@
 """One complete episode over plain HTTP (no OpenEnv, no WebSocket): for any RL framework.
 
-    coding-env serve &            # or: docker compose up
+    docker compose up -d          # or: coding-env serve &
     python examples/http_episode.py [http://127.0.0.1:8000]
+
+It waits for the service to answer `/health` (a service just started is still filling its pool),
+sends `CODING_ENV_API_TOKEN` when set, and ends with where the episode viewer shows the episode.
 """
 
+import os
 import sys
+import time
 
 import httpx
 
 base_url = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
+token = os.environ.get("CODING_ENV_API_TOKEN")
 SOLUTION = "def fizzbuzz(n: int) -> str:\n    return 'Fizz' * (n % 3 == 0) + 'Buzz' * (n % 5 == 0) or str(n)\n"
 
-with httpx.Client(base_url=base_url, timeout=120) as http:
+with httpx.Client(base_url=base_url, timeout=120, headers={"authorization": f"Bearer {token}"} if token else {}) as http:
+    for _ in range(120):  # up to 2 minutes for a service that is starting
+        try:
+            if http.get("/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
     session_id = http.post("/sessions").raise_for_status().json()["session_id"]
 
     def step(tool_name: str, **arguments: object) -> dict:
@@ -36,5 +49,6 @@ with httpx.Client(base_url=base_url, timeout=120) as http:
         print("done:", result["done"], "reward:", result["reward"], "tests:", graded["tests_passed"], "/", graded["tests_total"])
         trajectory = http.get(f"/sessions/{session_id}/trajectory").raise_for_status().json()
         print("recorded steps:", len(trajectory["steps"]))
+        print(f"read it: {base_url}/viewer/{trajectory['episode_id']}")
     finally:
         http.delete(f"/sessions/{session_id}")
