@@ -318,33 +318,51 @@ def summarize(episodes: Sequence[Episode], *, k: int, seed: int = 0) -> dict[str
     }
 
 
-def plot(summary: dict[str, Any], path: Path, *, k: int, title: str) -> None:
-    """Three panels: rates with 95% intervals, the error-kind histogram, turns per episode."""
-    import matplotlib
+def plot(summary: dict[str, Any], path: Path, *, k: int, title: str) -> list[str]:
+    """Three panels: rates with 95% intervals, the error-kind histogram, turns per episode; returns their titles."""
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from trainer_client.plotting import count_axis, no_data, pyplot
 
+    plt = pyplot()
     figure, (rates, kinds, turns) = plt.subplots(1, 3, figsize=(15, 4.5))
-    names = ["pass@1", f"pass@{k}", "mean_reward", "valid_tool_call_rate"]
+    names = list(dict.fromkeys(["pass@1", f"pass@{k}", "mean_reward", "valid_tool_call_rate"]))  # pass@k is pass@1 when k = 1
+    labels = {"mean_reward": "reward", "valid_tool_call_rate": "valid call"}
     values = [summary[name]["value"] for name in names]
     errors = np.array([[v - summary[n]["ci95"][0], summary[n]["ci95"][1] - v] for n, v in zip(names, values)]).T
-    rates.bar(range(len(names)), values, yerr=np.nan_to_num(errors), capsize=4, color="#4477aa")
-    rates.set_xticks(range(len(names)), ["pass@1", f"pass@{k}", "reward", "valid call"])
-    rates.set_ylim(0, 1.05)
+    bars = rates.bar(range(len(names)), values, yerr=np.nan_to_num(errors), capsize=4, color="#4477aa")
+    rates.bar_label(bars, labels=[f"{value:.2f}" for value in values], padding=3, fontsize=8)
+    rates.set_xticks(range(len(names)), [labels.get(name, name) for name in names])
+    rates.set_ylim(0, 1.1)
+    rates.set_ylabel("share of episodes (reward: mean)")
     rates.set_title("rates (95% bootstrap CI over tasks)")
-    histogram = summary["error_kinds"] or {"(none)": 0}
-    kinds.barh(list(histogram), list(histogram.values()), color="#cc6677")
-    kinds.invert_yaxis()
     kinds.set_title("error kinds (count)")
-    counts = summary["turns_per_episode"]["histogram"]
-    turns.bar([int(t) for t in counts], list(counts.values()), color="#117733")
-    turns.set_xlabel("assistant turns")
+    histogram = summary["error_kinds"]
+    if histogram:
+        bars = kinds.barh(list(histogram), list(histogram.values()), color="#cc6677")
+        kinds.bar_label(bars, padding=3, fontsize=8)
+        kinds.invert_yaxis()
+        kinds.set_xlabel("failures the policy caused")
+        kinds.xaxis.set_major_locator(MaxNLocator(integer=True))
+        kinds.margins(x=0.1)
+    else:
+        no_data(kinds, "no failure in any episode")
     turns.set_title("turns per episode")
+    counts = summary["turns_per_episode"]["histogram"]
+    if counts:
+        bars = turns.bar([int(t) for t in counts], list(counts.values()), color="#117733")
+        turns.bar_label(bars, padding=3, fontsize=8)
+        turns.set_xlabel("assistant turns")
+        turns.xaxis.set_major_locator(MaxNLocator(integer=True))
+        count_axis(turns, "episodes")
+        turns.margins(y=0.15)  # room for the value above the tallest bar
+    else:
+        no_data(turns, "no episode")
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+    return [rates.get_title(), kinds.get_title(), turns.get_title()]
 
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"

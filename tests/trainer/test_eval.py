@@ -153,3 +153,15 @@ def test_ungraded_episodes_are_left_out_not_failed() -> None:
     assert report["valid_tool_call_rate"]["value"] == 3 / 4
     assert report["error_kinds"] == {"test_failure": 1, "json_decode": 1}
     assert report["turns_per_episode"]["histogram"] == {1: 2, 2: 1}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_figure_names_each_rate_once_and_says_when_a_panel_is_empty(k: int, tmp_path: Path) -> None:
+    from trainer_client.evaluation import plot
+
+    episodes = [Episode("a", sample, reward=1.0, turns=2, valid_turns=2) for sample in range(k)]
+    summary = summarize(episodes, k=k)
+    assert summary["error_kinds"] == {}
+    titles = plot(summary, tmp_path / "eval.png", k=k, title="t")
+    assert titles == ["rates (95% bootstrap CI over tasks)", "error kinds (count)", "turns per episode"]
+    assert (tmp_path / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
