@@ -7,7 +7,7 @@ EXTRAS := server,tasks,train,dev,skyrl
 .PHONY: test image install wheels compose-offline clean-containers
 
 test: install image wheels
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 install: $(VENV)/.installed
 
