@@ -280,6 +280,13 @@ def plot_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_model(args: argparse.Namespace) -> int:
+    from trainer_client.model_server import serve
+
+    serve(args.model, host=args.host, port=args.port, max_tokens=args.max_tokens)
+    return 0
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each option's default in --help, except where there is none to show (a required option, or an
     override that is unset by default: its help says what applies then)."""
@@ -338,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", type=Path, help="the run's output_dir (trainer_state.json, TensorBoard event files or checkpoints)")
     plot.add_argument("--out", type=Path, help="PNG to write (unset: RUN_DIR/metrics.png)")
     plot.set_defaults(func=plot_metrics)
+    model_server = commands.add_parser("serve-model", help="a policy as an OpenAI-compatible chat-completions server (vf-eval, examples)")
+    model_server.add_argument("--model", required=True, help="tiny-random, smollm2-135m-instruct, or a checkpoint directory")
+    model_server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    model_server.add_argument("--port", type=int, default=8001, help="port to listen on (0: any free one, printed)")
+    model_server.add_argument("--max-tokens", type=int, default=256, help="tokens per reply when a request sets no max_tokens")
+    model_server.set_defaults(func=serve_model)
     try:
         from trainer_client.traces.cli import register as register_traces
     except ImportError:

@@ -19,12 +19,12 @@ The session is closed when the harness returns, raises, or is cancelled (the fra
 the rollout): the client is an async context manager around the whole loop.
 
 verifiers loads tasksets and harnesses by plugin id: it looks for `verifiers.v1.tasksets.<id>`
-(resp. `verifiers.v1.harnesses.<id>`), then for a top-level module `<id>`. This module registers
-itself under all three names for the id `coding_env_verifiers` when imported, so import it before
-building the config (docs/integrations.md). The namespaced names are also what lets it load beside
-`mcp<2` (the service's `openenv` needs it; verifiers pins 2.0.0 and its own tasksets package
-imports mcp 2 APIs): the loader finds them in `sys.modules` and imports nothing else
-(decision 100).
+(resp. `verifiers.v1.harnesses.<id>`), then for a top-level module `<id>`. The top-level module of
+the id `coding_env_verifiers` ships in the wheel (`coding_env_verifiers/`, what `vf-eval` imports);
+this module registers itself under the two namespaced names when imported. Those are what lets the
+id load beside `mcp<2` (the service's `openenv` needs it; verifiers pins 2.0.0 and its own tasksets
+package imports mcp 2 APIs): the loader finds them in `sys.modules` and imports nothing else
+(decision 100). It does not take the top-level name, which would hide the shipped module.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ PLUGIN_ID = "coding_env_verifiers"
 INFO_KEY = "coding_env"
 """Where the harness leaves the episode's `EpisodeLog` on `trace.info`."""
 
-for _name in (PLUGIN_ID, f"verifiers.v1.tasksets.{PLUGIN_ID}", f"verifiers.v1.harnesses.{PLUGIN_ID}"):
+for _name in (f"verifiers.v1.tasksets.{PLUGIN_ID}", f"verifiers.v1.harnesses.{PLUGIN_ID}"):
     sys.modules.setdefault(_name, sys.modules[__name__])
 
 
