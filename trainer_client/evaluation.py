@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer_client.hint_sites import turn_reports
 from trainer_client.task_rows import prompt_after_reset, task_row
+from trainer_client.transcript_markdown import transcript_markdown
 
 
 # ----------------------------------------------------------------------------------- statistics
@@ -366,6 +367,13 @@ def plot(summary: dict[str, Any], path: Path, *, k: int, title: str) -> list[str
 
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"
+TRANSCRIPTS_DIR = "transcripts"
+"""One Markdown file per episode, to read (`transcripts.jsonl` holds the same, to load)."""
+
+
+def transcript_file_name(episode: Episode) -> str:
+    """`<task id, slashes as double underscores>__s<sample>.md`: one per episode, sorted by task."""
+    return f"{episode.task_id.replace('/', '__')}__s{episode.sample}.md"
 
 
 def transcript(episode: Episode) -> dict[str, Any]:
@@ -386,12 +394,19 @@ def transcript(episode: Episode) -> dict[str, Any]:
 
 
 def write_report(episodes: Sequence[Episode], out: Path, *, k: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """`out/eval.json`, `out/eval.png` and `out/transcripts.jsonl` (one line per episode); returns the report."""
+    """`out/eval.json`, `out/eval.png`, `out/transcripts.jsonl` (one line per episode) and `out/transcripts/`
+    (one Markdown file per episode); returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     report = {**meta, **summarize(episodes, k=k, seed=meta.get("seed", 0))}
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    readable = out / TRANSCRIPTS_DIR
+    readable.mkdir(exist_ok=True)
     with open(out / TRANSCRIPTS_FILE, "w", encoding="utf-8") as lines:
         for episode in episodes:
-            lines.write(json.dumps(transcript(episode), ensure_ascii=False, default=str) + "\n")
+            played = transcript(episode)
+            lines.write(json.dumps(played, ensure_ascii=False, default=str) + "\n")
+            facts = {key: played[key] for key in ("reward", "submitted", "turns", "valid_turns", "error_kinds", "seconds")}
+            (readable / transcript_file_name(episode)).write_text(
+                transcript_markdown(f"{episode.task_id}, sample {episode.sample}", facts, played["messages"]), encoding="utf-8")
     plot(report, out / "eval.png", k=k, title=f"{meta.get('model')} on {meta.get('suite')} ({report['tasks']} tasks x {k})")
     return report

@@ -138,6 +138,9 @@ def test_eval_command_writes_report_and_figure(service_url: str, tmp_path: Path)
     for one in transcripts:
         assert one["messages"][0]["role"] in ("system", "user") and one["messages"][-1]["role"] in ("assistant", "tool")
         assert sum(m["role"] == "assistant" for m in one["messages"]) == one["turns"]
+    readable = sorted((out / "transcripts").glob("*.md"))
+    assert len(readable) == 4 and all(path.read_text().startswith("# builtin/") for path in readable)
+    assert "## assistant" in readable[0].read_text()
 
 
 def test_ungraded_episodes_are_left_out_not_failed() -> None:
