@@ -50,4 +50,4 @@ def load_environment(
     return vf.load_environment(config)
 
 
-__all__ = ["CodingEnvTaskset", "CodingEnvHarness", "load_environment"]
+__all__ = ["CodingEnvHarness", "CodingEnvTaskset", "load_environment"]

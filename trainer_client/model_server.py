@@ -16,18 +16,17 @@ that does not parse comes back as text, which the service's own parser reads aga
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer_client.policy import load_policy
 
-# FastAPI, uvicorn and torch are imported where the server is built or a reply generated, so that the
-# `coding-train` CLI (which imports this module for `serve-model`) starts without them.
+# torch and TRL are imported where a reply is generated, as in `policy`: reading this module costs nothing.
 
 
 class ChatCompletionRequest(BaseModel):
@@ -166,28 +165,46 @@ def openai_tool_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def create_app(chat: ChatModel) -> Any:
-    """The FastAPI app of `chat`: `POST /v1/chat/completions` and `GET /v1/models`."""
-    from fastapi import FastAPI
-    from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
+def make_server(chat: ChatModel, host: str = "127.0.0.1", port: int = 8001) -> ThreadingHTTPServer:
+    """`chat` behind `POST /v1/chat/completions` and `GET /v1/models`, bound to `host:port` (port 0:
+    any free one) and listening, not yet serving (`serve_forever`). The standard library's server:
+    it needs nothing the `[train]` extra does not bring, and one request at a time is all it does."""
 
-    app = FastAPI(title=f"coding-train serve-model: {chat.name}")
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            if self.path.rstrip("/") != "/v1/models":
+                return self._refuse(RequestRefused(404, "not_found", f"no route GET {self.path}"))
+            model = {"id": chat.name, "object": "model", "created": 0, "owned_by": "coding-env"}
+            self._send(200, {"object": "list", "data": [model]})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
-        try:
-            # In a worker thread: a generation must not stall the event loop (and /v1/models with it).
-            return await run_in_threadpool(chat.complete, request)
-        except RequestRefused as refused:
-            error = {"message": str(refused), "type": "invalid_request_error", "code": refused.code}
-            return JSONResponse({"error": error}, status_code=refused.status)
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                return self._refuse(RequestRefused(404, "not_found", f"no route POST {self.path}"))
+            try:
+                self._send(200, chat.complete(ChatCompletionRequest.model_validate_json(body)))
+            except ValidationError as invalid:
+                self._refuse(RequestRefused(400, "invalid_request", str(invalid)))
+            except RequestRefused as refused:
+                self._refuse(refused)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": chat.name, "object": "model", "created": 0, "owned_by": "coding-env"}]}
+        def _refuse(self, refused: RequestRefused) -> None:
+            self._send(refused.status, {"error": {"message": str(refused), "type": "invalid_request_error", "code": refused.code}})
 
-    return app
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
+            pass  # a line per request would bury the one that says where it serves
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
 
 
 def serve(policy: str, *, host: str = "127.0.0.1", port: int = 8001, max_tokens: int = 256) -> None:
@@ -195,11 +212,11 @@ def serve(policy: str, *, host: str = "127.0.0.1", port: int = 8001, max_tokens:
     serve it until interrupted. The port is bound after the model has loaded, and the line giving the
     base URL is printed once it listens: a caller may send requests as soon as it reads it (port 0:
     any free port, which that line names)."""
-    import uvicorn
-
     model, tokenizer = load_policy(policy)
-    app = create_app(ChatModel(policy, model, tokenizer, default_max_tokens=max_tokens))
-    with socket.create_server((host, port)) as sock:
-        bound_host, bound_port = sock.getsockname()[:2]
+    with make_server(ChatModel(policy, model, tokenizer, default_max_tokens=max_tokens), host, port) as server:
+        bound_host, bound_port = server.server_address[:2]
         print(f"serving {policy} at http://{bound_host}:{bound_port}/v1 (OpenAI chat completions)", flush=True)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
