@@ -17,7 +17,7 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     ("script", "subcommands"),
-    [("coding-env", ["serve", "build-image", "sandbox", "tasks"]), ("coding-train", ["train", "ingest", "replay", "demos", "sft", "eval", "plot"])],
+    [("coding-env", ["serve", "build-image", "sandbox", "tasks"]), ("coding-train", ["train", "ingest", "replay", "demos", "sft", "eval", "plot", "serve-model"])],
 )
 def test_every_subcommand_is_mounted(script: str, subcommands: list[str]) -> None:
     for subcommand in subcommands:
