@@ -59,6 +59,14 @@ def episode_page(record: EpisodeRecord) -> str:
     return _page(f"{record.task_id} · episode", head + "".join(turns))
 
 
+def not_found_page(episode_id: str, kept: int) -> str:
+    """What `/viewer/{id}` shows for an episode it does not keep."""
+    body = (f"<h1>No episode {escape(episode_id)}</h1><p>The service keeps the last {kept} ended episodes; this is not one of "
+            "them (an episode still going on is read with <code>GET /sessions/{id}/trajectory</code>). "
+            "<a href='../viewer'>All episodes</a></p>")
+    return _page("Episode not found", body)
+
+
 def login_page(failed: bool = False) -> str:
     """The form that exchanges the service's bearer token for a viewer cookie (the page cannot send a header)."""
     note = "<p class=kind>That token is not this service's.</p>" if failed else ""

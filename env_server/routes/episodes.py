@@ -12,9 +12,9 @@ import hmac
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
-from env_server.episode_page import episode_page, index_page, login_page
+from env_server.episode_page import episode_page, index_page, login_page, not_found_page
 from env_server.http_errors import errors
 from env_server.middleware import VIEWER_COOKIE
 from env_server.models import ApiErrorCode, EpisodePage, EpisodeRecord, EpisodeSummary
@@ -54,7 +54,14 @@ async def viewer_login_form() -> HTMLResponse:
     return HTMLResponse(login_page())
 
 
-@router.post("/viewer/login", response_class=HTMLResponse, tags=["Episodes"])
+@router.post(
+    "/viewer/login",
+    response_class=HTMLResponse,
+    status_code=303,
+    responses={303: {"description": "Signed in: on to the viewer, with its cookie."},
+               401: {"description": "Not this service's token: the form again.", "content": {"text/html": {}}}},
+    tags=["Episodes"],
+)
 async def viewer_login(request: Request) -> Response:
     """The service's token for a cookie the viewer's pages accept; the form again, 401, for a wrong one.
     The form's body is read here (one field) rather than through FastAPI's `Form`, which needs python-multipart."""
@@ -62,15 +69,26 @@ async def viewer_login(request: Request) -> Response:
     expected = service_of(request).settings.api_token
     if expected is not None and not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
         return HTMLResponse(login_page(failed=True), status_code=401)
-    response = RedirectResponse("../viewer", status_code=303)
+    # A redirect with a page of its own (a link), so that the answer has the content type it documents.
+    response = HTMLResponse("<a href='../viewer'>Open the viewer</a>", status_code=303, headers={"location": "../viewer"})
     if expected is not None:
         response.set_cookie(VIEWER_COOKIE, token, httponly=True, samesite="strict", path="/viewer")
     return response
 
 
-@router.get("/viewer/{episode_id}", response_class=HTMLResponse, responses=errors(404), tags=["Episodes"])
+@router.get(
+    "/viewer/{episode_id}",
+    response_class=HTMLResponse,
+    responses={404: {"description": "No recently ended episode of that id: a page that says so.", "content": {"text/html": {}}}},
+    tags=["Episodes"],
+)
 async def viewer_episode(request: Request, episode_id: str) -> HTMLResponse:
-    return HTMLResponse(episode_page(_record(service_of(request), episode_id)))
+    """A page, also when the episode is not kept: a browser shows the reason, not a JSON body."""
+    service = service_of(request)
+    record = service.episodes.get(episode_id)
+    if record is None:
+        return HTMLResponse(not_found_page(episode_id, service.settings.recent_episodes), status_code=404)
+    return HTMLResponse(episode_page(record))
 
 
 def _record(service: Service, episode_id: str) -> EpisodeRecord:

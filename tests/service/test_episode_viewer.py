@@ -113,6 +113,9 @@ def test_the_viewer_shows_an_episode_as_a_conversation_behind_the_token(services
     assert mistaken["observation"]["hint"] in page  # the hint the agent was shown
     assert "submitted · reward 0 · tests 0/1" in page
     assert HIDDEN_MARK not in browser.page_source and "test_hidden_add" not in browser.page_source
+    browser.get(f"{service.url}/viewer/no-such-episode")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "No episode no-such-episode"
+    browser.back()
     browser.save_screenshot(str(tmp_path / "episode.png"))
     assert (tmp_path / "episode.png").stat().st_size > 0
 
