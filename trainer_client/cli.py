@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import random
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,6 +23,7 @@ from trainer_client.task_rows import task_row
 
 if TYPE_CHECKING:
     from env_server.tasks import TaskRegistry
+    from trainer_client.demos import Demo
 
 
 class TrainRunConfig(BaseModel):
@@ -204,9 +206,17 @@ def make_demos(args: argparse.Namespace) -> int:
     demos = play_demos(
         tasks, environment_factory(settings), mistake_rate=args.mistake_rate, seed=args.seed, concurrency=args.concurrency
     )
-    kept, played = write_demos(demos, args.out)
+    kept, played = write_demos(_with_progress(demos, len(tasks)), args.out)
     print(f"{kept}/{played} demos graded 1.0 written to {args.out}")
     return 0 if kept else 1
+
+
+def _with_progress(demos: Iterator[Demo], total: int) -> Iterator[Demo]:
+    """The demos as they come, each announced on stderr: a long run shows how far it is (and where it stalls)."""
+    started = time.monotonic()
+    for played, demo in enumerate(demos, 1):
+        print(f"[{played}/{total}, {time.monotonic() - started:.0f} s] {demo.task_id}: reward {demo.reward:g}", file=sys.stderr, flush=True)
+        yield demo
 
 
 def fine_tune(args: argparse.Namespace) -> int:
@@ -226,9 +236,9 @@ def fine_tune(args: argparse.Namespace) -> int:
 def evaluate_policy(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from env_server.tasks import default_registry
     from trainer_client.environment import environment_factory
     from trainer_client.evaluation import EvalSettings, Evaluator, write_report
-    from env_server.tasks import default_registry
     from trainer_client.policy import load_policy
 
     task_ids = select_task_ids(args, default_registry())
