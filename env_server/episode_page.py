@@ -93,8 +93,11 @@ def _step_turns(step: TrajectoryStep) -> list[str]:
     else:
         said = _call_text(str(action.get("tool_name", "?")), action.get("arguments"))
     turns = [_turn("assistant", f"step {step.index + 1}", said)]
+    # Each answer names its call when the action does not already show it: calls parsed out of a
+    # message's text, or several calls in one step.
+    named = action.get("type") == "assistant_message" or len(step.observation.calls) > 1
     for call in step.observation.calls:
-        turns.append(_turn("tool", _call_title(call), _call_body(call)))
+        turns.append(_turn("tool", _call_title(call), _call_body(call, named)))
     return turns
 
 
@@ -105,9 +108,9 @@ def _call_title(call: CallResult) -> str:
     return title
 
 
-def _call_body(call: CallResult) -> str:
+def _call_body(call: CallResult, named: bool) -> str:
     parts = []
-    if call.arguments is not None:
+    if named and call.arguments is not None:
         parts.append(f"<div class=muted>{_call_text(call.tool_name, call.arguments)}</div>")
     if call.error_kind is not None:
         parts.append(f"<span class=kind>{escape(call.error_kind.value)}</span>")
