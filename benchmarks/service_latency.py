@@ -36,7 +36,18 @@ from sandbox.docker_backend import OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
 
 BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "true"}}
 # An inline task with room for every step the benchmark takes (builtin tasks stop at 30).
-TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": 100000}}}
+MAX_STEPS = 1000
+"""The most steps a task allows (`TaskLimits.max_steps`); every timed step of one episode must fit in it."""
+WARM_UP = 20
+TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": MAX_STEPS}}}
+
+
+def checked(reply: dict) -> dict:
+    """A step's reply, or a loud failure: a benchmark that times error replies measures nothing."""
+    observation = reply.get("observation") or {}
+    if reply.get("done") or observation.get("error_kind") is not None:
+        raise RuntimeError(f"a timed step did not succeed: {json.dumps(reply)[:500]}")
+    return reply
 
 
 def report(name: str, samples_ms: list[float]) -> float:
@@ -96,13 +107,17 @@ def bench_baseline(steps: int) -> float:
 def bench_websocket(address: str, steps: int) -> float:
     with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
         ws.send(json.dumps({"type": "reset", "data": TASK}))
-        ws.recv()
+        if json.loads(ws.recv())["type"] != "observation":
+            raise RuntimeError("the WebSocket reset was refused")
 
         def step() -> None:
             ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
-            ws.recv()
+            frame = json.loads(ws.recv())
+            if frame["type"] != "observation":
+                raise RuntimeError(f"a timed step was refused: {json.dumps(frame)[:500]}")
+            checked(frame["data"])
 
-        timed_ms(step, 20)
+        timed_ms(step, WARM_UP)
         return report("step `bash true` via WebSocket", timed_ms(step, steps))
 
 
@@ -117,10 +132,12 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> flo
     def step() -> None:
         connection.request("POST", f"/sessions/{session_id}/step", body, {"Content-Type": "application/json"})
         response = connection.getresponse()
-        response.read()
-        assert response.status == 200, response.status
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"a timed step answered {response.status}: {answer[:500]!r}")
+        checked(json.loads(answer))
 
-    timed_ms(step, 20)
+    timed_ms(step, WARM_UP)
     p50 = report("step `bash true` via HTTP session", timed_ms(step, steps))
     connection.close()
     reset_samples = []
@@ -166,6 +183,8 @@ async def bench_load(address: str, sessions: int, steps: int) -> None:
         f"{sessions} sessions x {steps} steps (WebSocket): {len(latencies) / elapsed:7.1f} steps/s  "
         f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 0.99):.1f} ms  errors={errors}"
     )
+    if errors:
+        raise SystemExit(f"{errors} of {sessions * steps} steps under load failed: the figures above are not the service's")
 
 
 def main() -> None:
@@ -176,6 +195,8 @@ def main() -> None:
     parser.add_argument("--load-steps", type=int, default=50)
     parser.add_argument("--pool-size", type=int, default=8)
     args = parser.parse_args()
+    if args.steps + WARM_UP > MAX_STEPS:
+        parser.error(f"--steps: at most {MAX_STEPS - WARM_UP} (one episode takes them all, and a task allows {MAX_STEPS})")
 
     process, address = start_service(args.pool_size, max(args.sessions, 8))
     try:
