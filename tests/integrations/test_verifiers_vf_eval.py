@@ -26,6 +26,7 @@ from tests.integrations.conftest import framework
 
 framework("verifiers.v1", "verifiers")
 
+from tests.support.model_server import serving  # noqa: E402
 from tests.support.service import RunningService  # noqa: E402
 from trainer_client.integrations.episode_log import EpisodeLog  # noqa: E402
 
@@ -74,19 +75,8 @@ def model_url() -> Iterator[str]:
     argv = docs_command("coding-train serve-model")
     argv = [str(BIN / argv[0]), *[TEST_MODEL if arg == DOCS_MODEL else arg for arg in argv[1:]]]
     argv[argv.index("--port") + 1] = "0"
-    server = subprocess.Popen([*argv, "--max-tokens", "16"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output = []
-        for line in server.stdout:
-            output.append(line)
-            if line.startswith(f"serving {TEST_MODEL} at "):
-                yield line.split(" at ")[1].split()[0]
-                break
-        else:
-            pytest.fail(f"serve-model exited before serving:\n{''.join(output)}")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with serving([*argv, "--max-tokens", "16"], TEST_MODEL) as url:
+        yield url
 
 
 def assert_graded(trace: dict, max_model_turns: int) -> None:

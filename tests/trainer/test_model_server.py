@@ -8,7 +8,6 @@ chat template, TRL's parser, the HTTP server and the OpenAI client are the real 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import openai
 import pytest
 import torch
 
+from tests.support.model_server import serving
 from tests.trainer.conftest import TOOLS, tool_call_text
 from trainer_client.model_server import ChatModel, make_server
 
@@ -108,19 +108,8 @@ def test_what_it_cannot_answer_is_an_openai_error(tokenizer: Any) -> None:
 def served_tiny_random() -> Iterator[str]:
     """`coding-train serve-model --model tiny-random --port 0` running; yields the URL it printed."""
     command = [str(BIN / "coding-train"), "serve-model", "--model", "tiny-random", "--port", "0", "--max-tokens", "8"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output = []
-        for line in server.stdout:  # the model loads, then the port is bound and the line printed
-            output.append(line)
-            if line.startswith("serving tiny-random at "):
-                yield line.split(" at ")[1].split()[0]
-                break
-        else:
-            pytest.fail(f"serve-model exited before serving:\n{''.join(output)}")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with serving(command, "tiny-random") as url:
+        yield url
 
 
 @pytest.mark.slow
