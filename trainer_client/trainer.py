@@ -41,8 +41,19 @@ from datasets import Dataset
 from transformers import Cache, TrainerCallback
 from trl.models.utils import disable_gradient_checkpointing
 
-from trainer_client.concurrent_rollouts import ConcurrentRolloutConfig, ConcurrentRolloutTrainer
-from trainer_client.hint_sites import HintSite, HintTemplate, locate_hint_sites, teacher_row, turn_reports
+from trainer_client.completion_samples import CompletionSampleLog, RolloutSample
+from trainer_client.concurrent_rollouts import (
+    ConcurrentRolloutConfig,
+    ConcurrentRolloutTrainer,
+)
+from trainer_client.hint_sites import (
+    HintSite,
+    HintTemplate,
+    TurnReport,
+    locate_hint_sites,
+    teacher_row,
+    turn_reports,
+)
 from trainer_client.losses import dpo_loss, generalized_jsd
 from trainer_client.output_head import output_logits
 from trainer_client.packing import (
@@ -64,7 +75,6 @@ from trainer_client.policy_forward import (
 )
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
-from trainer_client.completion_samples import CompletionSampleLog, RolloutSample
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 
 TeacherKind = Literal["live", "ema", "base"]
@@ -455,13 +465,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             hint_sites.append(locate_hint_sites(rollout or [], mask, self._hint_template))
         mode = "train" if self.model.training else "eval"
         if self._completion_samples is not None and mode == "train":
-            self._completion_samples.write(self.state.global_step, [
-                RolloutSample(getattr(environment, "task_id", None), getattr(environment, "reward", None),
-                              prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}],
-                              self._rollout_messages[index],
-                              [failure.kind.value for turn in rollout or () for failure in turn.failures])
-                for index, (environment, prompt, rollout) in enumerate(zip(self.environments, self._rollout_prompts, reports))
-            ])
+            self._completion_samples.write(self.state.global_step, self._rollout_samples(reports))
         # The global batch's numbers: every rank's rollouts, in rank order (a GRPO group may span ranks).
         metrics = rollout_metrics(
             gather_object(reports),
@@ -478,6 +482,16 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
         return hint_sites
+
+    def _rollout_samples(self, reports: list[list[TurnReport] | None]) -> list[RolloutSample]:
+        """This process's rollouts of the batch as conversations, with the failures charged to their turns."""
+        samples = []
+        for index, (environment, prompt, rollout) in enumerate(zip(self.environments, self._rollout_prompts, reports)):
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+            failures = [failure.kind.value for turn in rollout or () for failure in turn.failures]
+            samples.append(RolloutSample(getattr(environment, "task_id", None), getattr(environment, "reward", None),
+                                         messages, self._rollout_messages[index], failures))
+        return samples
 
     def _global_count(self, local: int) -> torch.Tensor:
         return self.accelerator.gather(torch.tensor(local, device=self.accelerator.device)).sum()
