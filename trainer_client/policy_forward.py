@@ -1,4 +1,5 @@
-"""What GRPO's forward over the rollouts leaves for the other channels: the backbone's last hidden states
+"""How the loss channels run the policy (`PolicyHost`, what each needs from the trainer), and what GRPO's
+forward over the rollouts leaves for them: the backbone's last hidden states
 (the SDPO student's, with their autograd graph; decision 060); for the live teacher, every layer's keys
 and values of the rollouts' contexts (decision 076); for the DPO channel, the keys and values of the
 head a rollout's prompt shares with the preference pairs (system prompt, tools), with their autograd
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -23,6 +24,61 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 KeysValues = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer, `(keys, values)`, each `(batch, kv heads, length, head dim)`."""
+
+
+class PolicyHost(Protocol):
+    """What a loss channel (`sdpo`, `dpo`) needs from the trainer: the policy and its forward, the step's
+    loss scale, the ranks and the metrics sink. `ComposerTrainer` is one; a test may be another."""
+
+    shared_prefixes: bool
+    """Whether a context may run once for all its continuations (`packing.takes_shared_prefixes`, decision 075)."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on."""
+        ...
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's padding id."""
+        ...
+
+    @property
+    def in_training(self) -> bool:
+        """Whether this is a training step (else evaluation: no accumulation, metrics logged as `eval`)."""
+        ...
+
+    def policy_causal_lm(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        """The transformers causal LM inside `model` (by default the trainer's), unwrapped from accelerate and PEFT."""
+        ...
+
+    def policy_base(self) -> contextlib.AbstractContextManager[Any]:
+        """While open, the policy runs without its PEFT adapter (the base model); the policy itself without one."""
+        ...
+
+    def run_backbone(
+        self,
+        causal_lm: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any = None,
+    ) -> torch.Tensor:
+        """The backbone's last hidden states, after the keys and values in `cache` if given; a `(rows, length,
+        keys)` boolean `attention_mask` says which keys each query sees (a packed batch)."""
+        ...
+
+    def accumulation_share(self) -> float:
+        """The micro-steps an optimizer step accumulates (1 in evaluation): what TRL's GRPO loss divides by."""
+        ...
+
+    def gather_ranks(self, *values: torch.Tensor | float) -> torch.Tensor:
+        """`(ranks, len(values))`: each rank's values, detached, from every rank (all ranks must call it)."""
+        ...
+
+    def record_metric(self, name: str, value: float) -> None:
+        """Log `value` under `name` with this step's metrics (averaged over the logging interval)."""
+        ...
 
 
 class PromptHead(NamedTuple):

@@ -2,82 +2,61 @@
 
     loss = grpo + sdpo_weight * sdpo + dpo_weight * dpo
 
+This module keeps the config, TRL's overrides and the wiring; each channel is a module of its own,
+written against `policy_forward.PolicyHost` (what it needs from the trainer, which this class provides;
+decision 122):
+
 - GRPO is TRL's own loss, untouched: with both weights 0 the loss is exactly TRL's (the rollouts'
   failures are still read, for the per-step logs of `rollout_metrics`).
-- SDPO (self-distillation at hint sites): for an assistant turn the policy got wrong (a tool error
-  of its doing, or a failure TRL answers itself: an unparsable call, an unknown tool, a turn with no
-  call; decision 063), the teacher (the policy without gradient, reading the hint just before the
-  turn) is distilled into the student (the policy on the original context) with a generalized JSD
-  over that turn's tokens.
-  The student's hidden states come from GRPO's own forward pass (a hook on the backbone), and so do
-  the contexts the live teacher reads: it runs only each hint and hinted turn, after GRPO's keys and
-  values (decision 076). The vocabulary projection runs only at hint-site positions, for student and
-  teacher alike, through the model's own output path (softcapping, logit scaling: `output_head`).
-- DPO (trace replay): mini-batches of preference pairs (each rank its own shard), reference log-probs
-  computed at the first DPO loss (after `accelerator.prepare`) and cached; optionally trust-region DPO
-  (the reference moved towards the policy every `dpo_ref_model_sync_steps` steps, decision 068).
+- SDPO (`sdpo`): self-distillation at the turns the policy got wrong (hint sites, decisions 061, 063),
+  from GRPO's own forward (its hidden states, and the keys and values the live teacher reads,
+  decisions 060, 076); the teacher's weights are `teacher`'s.
+- DPO (`dpo`): trace-replay preference pairs, with trust-region DPO's reference sync (decision 068).
+  The EMA teacher and the trust-region reference are copies of the policy that trail it (`policy_copies`).
 - Several processes (decision 069): every rank joins every collective (a rank without a hint site in
   a step where another has one runs the SDPO forwards on a dummy site weighted 0), and the logged
   rollout, SDPO and DPO numbers are the global batch's.
 - Rollouts: the environments' resets and tool rounds run concurrently across rollouts; that is the
   base class's, `ConcurrentRolloutTrainer` (`concurrent_rollouts`, decision 062).
 
-Pinned to TRL 1.16.0: the private methods overridden here (`_generate`, `_generate_and_score_completions`,
+Pinned to TRL 1.16.0 and transformers (pyproject.toml): the private methods overridden here (`_generate`, `_generate_and_score_completions`,
 `_compute_loss`) and every other TRL internal used are listed in decision 064.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
-from transformers import Cache, TrainerCallback
-from trl.models.utils import disable_gradient_checkpointing
+from transformers import Cache
 
 from trainer_client.completion_samples import CompletionSampleLog, RolloutSample
 from trainer_client.concurrent_rollouts import (
     ConcurrentRolloutConfig,
     ConcurrentRolloutTrainer,
 )
+from trainer_client.dpo import DpoChannel, DpoSettings
 from trainer_client.hint_sites import (
     HintSite,
     HintTemplate,
     TurnReport,
     locate_hint_sites,
-    teacher_row,
     turn_reports,
 )
-from trainer_client.losses import dpo_loss, generalized_jsd
-from trainer_client.output_head import output_logits
-from trainer_client.packing import (
-    Continuation,
-    PackedBatch,
-    PackedRow,
-    common_prefix_length,
-    pack,
-    pack_after_cache,
-    takes_shared_prefixes,
-)
-from trainer_client.policy_forward import (
-    BackboneCapture,
-    HeadCache,
-    KeysValues,
-    PolicyContexts,
-    PromptHead,
-    checkpointed_layers_keep_cache,
-)
+from trainer_client.packing import takes_shared_prefixes
+from trainer_client.policy_copies import EveryOptimizerSteps
+from trainer_client.policy_forward import BackboneCapture
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
-
-TeacherKind = Literal["live", "ema", "base"]
+from trainer_client.sdpo import SdpoChannel, SdpoSettings
+from trainer_client.teacher import SdpoTeacher
 
 
 @dataclass
@@ -207,57 +186,6 @@ class ComposerConfig(ConcurrentRolloutConfig):
             raise ValueError(f"dpo_ref_model_sync_steps must be >= 1, got {self.dpo_ref_model_sync_steps}")
 
 
-@dataclass(frozen=True)
-class DpoBatch:
-    """One micro-step's DPO mini-batch."""
-
-    indices: list[int]
-    """The pairs' positions in the rank's shard."""
-    batch: PackedBatch
-    """Their rows (`PreferenceBatches.collate`)."""
-    head: PromptHead | None
-    """The rollout prompt head every row opens with, whose keys and values GRPO's forward records for it."""
-
-
-class _EmaTeacherUpdate(TrainerCallback):
-    """Moves the EMA teacher towards the policy after every optimizer step."""
-
-    def __init__(self, trainer: ComposerTrainer) -> None:
-        self._trainer = trainer
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._trainer._update_ema_teacher()
-
-
-class _DpoReferenceSync(TrainerCallback):
-    """Trust-region DPO: syncs the DPO reference every `dpo_ref_model_sync_steps` optimizer steps."""
-
-    def __init__(self, trainer: ComposerTrainer) -> None:
-        self._trainer = trainer
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step % args.dpo_ref_model_sync_steps == 0:
-            self._trainer._sync_dpo_reference()
-
-
-def frozen_copy(causal_lm: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the causal LM that runs its own weights, in eval mode and without gradient."""
-    copied = copy.deepcopy(causal_lm)
-    # TRL patches `forward` on instances with closures over the policy's own modules (fused LM head,
-    # fp32 LM head); a deep copy keeps the closures and would run the policy, so restore the classes'.
-    for module in copied.modules():
-        vars(module).pop("forward", None)
-    return copied.eval().requires_grad_(False)
-
-
-@torch.no_grad()
-def mix_into(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
-    """TR-DPO's reference update, in place: every target parameter becomes `alpha * source + (1 - alpha) * target`
-    (the rule of TRL's `SyncRefModelCallback`; alpha = 1 copies the source). Same parameter order in both."""
-    for target_param, source_param in zip(target.parameters(), source.parameters(), strict=True):
-        target_param.lerp_(source_param.detach().to(target_param.dtype), alpha)
-
-
 def check_conversational_prompts(dataset: Any) -> None:
     """Refuse plain-string prompts up front: with `environment_factory`, TRL appends each reset's
     observation to the prompt's last chat message, and a string fails there with an opaque `TypeError`."""
@@ -295,6 +223,9 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             check_conversational_prompts(kwargs.get("train_dataset"))
         super().__init__(*args, **kwargs)
         config: ComposerConfig = self.args
+        self.shared_prefixes = takes_shared_prefixes(self.policy_causal_lm().config)
+        """Run a context once for all its continuations: a DPO pair's two actions, a rollout's hinted turns
+        (`packing`, decision 075)."""
         self._hint_template = HintTemplate(
             self._tokenizer,
             chat_template=self.chat_template,
@@ -309,77 +240,105 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             if self.accelerator.is_main_process and config.completion_samples_per_step > 0
             else None
         )
-        self._ema_teacher: torch.nn.Module | None = None
-        if config.sdpo_weight > 0 and config.sdpo_teacher == "ema":
-            if self._parameters_sharded():
-                raise ValueError(
-                    "sdpo_teacher='ema' keeps a full copy of the model and is not supported with ZeRO-3 or FSDP "
-                    "(sharded parameters); use 'live', or ZeRO-2"
-                )
-            self._ema_teacher = frozen_copy(self._causal_lm(self.model))
-            self.add_callback(_EmaTeacherUpdate(self))
-        if config.sdpo_weight > 0 and config.sdpo_teacher == "base" and not is_peft_model(self.model):
-            raise ValueError("sdpo_teacher='base' needs a PEFT model (the base is the model with its adapter off)")
-        self._preferences: PreferenceBatches | None = None
-        self._dpo_reference: torch.nn.Module | None = None
-        """Trust-region DPO with alpha < 1: the reference's own weights. Otherwise None: the reference is
-        the policy itself when its log-probs are computed (at the first DPO loss, or at a hard sync)."""
-        if config.dpo_weight > 0:
-            if preference_pairs is None:
-                if config.dpo_pairs_path is None:
-                    raise ValueError("dpo_weight > 0 needs preference pairs (dpo_pairs_path or preference_pairs)")
-                preference_pairs = load_preference_pairs(config.dpo_pairs_path)
-            self._preferences = PreferenceBatches(
-                preference_pairs,
-                self._tokenizer,
-                batch_size=config.dpo_batch_size,
-                max_length=config.dpo_max_length,
-                group_by_context=config.dpo_group_by_context,
-                chat_template=self.chat_template,
-                chat_template_kwargs=self.chat_template_kwargs,
-                # pairs without their own tools get the rollouts' (one environment class: its tools)
-                tools=next(iter(getattr(self, "_env_tools", {}).values()), None) or self.tools,
-                system_messages=rollout_system_messages(self.train_dataset) if config.dpo_system_prompt == "rollout" else None,
-                seed=config.seed,
-                rank=self.accelerator.process_index,
-                world_size=self.accelerator.num_processes,
-            )
-            if config.dpo_sync_ref_model:
-                self._set_up_reference_sync(config)
-        self._shared_prefixes = takes_shared_prefixes(self._causal_lm(self.model).config)
-        """Run a context once for all its continuations: a DPO pair's two actions, a rollout's hinted turns
-        (`packing`, decision 075)."""
+        self.sdpo = self._sdpo_channel(config)
+        self.dpo = self._dpo_channel(config, preference_pairs) if config.dpo_weight > 0 else None
 
-    def _set_up_reference_sync(self, config: ComposerConfig) -> None:
-        if is_peft_model(self.model):
+    def _sdpo_channel(self, config: ComposerConfig) -> SdpoChannel:
+        """The SDPO channel; its teacher keeps an EMA copy only where the channel is on and asks for one."""
+        kind = config.sdpo_teacher if config.sdpo_weight > 0 else "live"
+        if kind == "ema" and self._parameters_sharded():
             raise ValueError(
-                "dpo_sync_ref_model needs full fine-tuning: with a PEFT adapter the DPO reference is the base model "
-                "(adapter off), which trust-region updates cannot move"
+                "sdpo_teacher='ema' keeps a full copy of the model and is not supported with ZeRO-3 or FSDP "
+                "(sharded parameters); use 'live', or ZeRO-2"
             )
-        if config.dpo_ref_model_mixup_alpha < 1.0:
-            if self._parameters_sharded():
+        if kind == "base" and not is_peft_model(self.model):
+            raise ValueError("sdpo_teacher='base' needs a PEFT model (the base is the model with its adapter off)")
+        teacher = SdpoTeacher(
+            self, kind, ema_decay=config.teacher_ema_decay, gradient_checkpointing_kwargs=config.gradient_checkpointing_kwargs
+        )
+        if teacher.ema_copy is not None:
+            self.add_callback(EveryOptimizerSteps(1, teacher.update_ema))
+        settings = SdpoSettings(
+            jsd_beta=config.jsd_beta,
+            jsd_temperature=config.jsd_temperature,
+            jsd_top_k=config.jsd_top_k,
+            normalizer=config.sdpo_normalizer,
+            reuse_policy_cache=config.sdpo_reuse_policy_cache,
+            steps_per_generation=config.steps_per_generation,
+            num_processes=self.accelerator.num_processes,
+        )
+        return SdpoChannel(self, teacher, self._hint_template.header_ids, settings)
+
+    def _dpo_channel(self, config: ComposerConfig, pairs: Sequence[PreferencePair] | None) -> DpoChannel:
+        """The DPO channel over the given pairs, or those of `dpo_pairs_path`; with trust-region DPO, its
+        reference sync after every `dpo_ref_model_sync_steps` optimizer steps."""
+        if pairs is None:
+            if config.dpo_pairs_path is None:
+                raise ValueError("dpo_weight > 0 needs preference pairs (dpo_pairs_path or preference_pairs)")
+            pairs = load_preference_pairs(config.dpo_pairs_path)
+        preferences = PreferenceBatches(
+            pairs,
+            self._tokenizer,
+            batch_size=config.dpo_batch_size,
+            max_length=config.dpo_max_length,
+            group_by_context=config.dpo_group_by_context,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+            # pairs without their own tools get the rollouts' (one environment class: its tools)
+            tools=next(iter(getattr(self, "_env_tools", {}).values()), None) or self.tools,
+            system_messages=rollout_system_messages(self.train_dataset) if config.dpo_system_prompt == "rollout" else None,
+            seed=config.seed,
+            rank=self.accelerator.process_index,
+            world_size=self.accelerator.num_processes,
+        )
+        alpha = config.dpo_ref_model_mixup_alpha if config.dpo_sync_ref_model else None
+        if alpha is not None:
+            if is_peft_model(self.model):
+                raise ValueError(
+                    "dpo_sync_ref_model needs full fine-tuning: with a PEFT adapter the DPO reference is the base model "
+                    "(adapter off), which trust-region updates cannot move"
+                )
+            if alpha < 1.0 and self._parameters_sharded():
                 # The soft update mixes two whole models parameter by parameter; with sharded parameters each
                 # rank holds only its shard of the policy. The hard update needs no copy and works sharded.
                 raise ValueError(
                     "dpo_ref_model_mixup_alpha < 1 keeps a full copy of the model and is not supported with ZeRO-3 "
                     "or FSDP; use dpo_ref_model_mixup_alpha: 1.0 (hard sync every dpo_ref_model_sync_steps)"
                 )
-            self._dpo_reference = frozen_copy(self._causal_lm(self.model))
-        self.add_callback(_DpoReferenceSync(self))
+        settings = DpoSettings(
+            beta=config.dpo_beta,
+            loss_type=config.dpo_loss_type,
+            reuse_policy_cache=config.dpo_reuse_policy_cache,
+            reference_mixup_alpha=alpha,
+        )
+        channel = DpoChannel(self, preferences, settings)
+        if alpha is not None:
+            self.add_callback(EveryOptimizerSteps(config.dpo_ref_model_sync_steps, channel.sync_reference))
+        return channel
 
-    # ----------------------------------------------------------------- model parts
+    # ----------------------------------------------------------------- the channels' host (`PolicyHost`)
 
-    def _parameters_sharded(self) -> bool:
-        """ZeRO-3 or FSDP: each rank holds a shard of every parameter (ZeRO-2 and DDP replicate them)."""
-        plugin = self.accelerator.state.deepspeed_plugin
-        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
 
-    def _causal_lm(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The transformers causal LM inside whatever wraps it (accelerate, PEFT)."""
-        unwrapped = self.accelerator.unwrap_model(model)
+    @property
+    def pad_token_id(self) -> int:
+        return self._tokenizer.pad_token_id
+
+    @property
+    def in_training(self) -> bool:
+        return self.model.training
+
+    def policy_causal_lm(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        unwrapped = self.accelerator.unwrap_model(self.model if model is None else model)
         return unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
 
-    def _hidden_states(
+    def policy_base(self) -> contextlib.AbstractContextManager[Any]:
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        return unwrapped.disable_adapter() if is_peft_model(unwrapped) else contextlib.nullcontext()
+
+    def run_backbone(
         self,
         causal_lm: torch.nn.Module,
         input_ids: torch.Tensor,
@@ -387,10 +346,8 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         position_ids: torch.Tensor,
         cache: Cache | None = None,
     ) -> torch.Tensor:
-        """Last hidden states, after the keys and values in `cache` if given. A `(rows, length, keys)` boolean
-        `attention_mask` says which keys each query sees (a packed batch); it becomes the additive mask that
-        eager and SDPA attention add."""
         if attention_mask.dim() == 3:
+            # the additive mask eager and SDPA attention add
             dtype = causal_lm.get_input_embeddings().weight.dtype
             blocked = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
             attention_mask = blocked.masked_fill(~attention_mask, torch.finfo(dtype).min)[:, None]
@@ -403,28 +360,23 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 use_cache=cache is not None,
             )[0]
 
-    @contextlib.contextmanager
-    def _teacher(self) -> Iterator[torch.nn.Module]:
-        """The teacher's causal LM, run without gradient."""
-        kind = self.args.sdpo_teacher
-        if kind == "ema":
-            assert self._ema_teacher is not None
-            yield self._ema_teacher
-            return
-        causal_lm = self._causal_lm(self.model)
-        adapter_off = self.accelerator.unwrap_model(self.model).disable_adapter() if kind == "base" else None
-        with (
-            adapter_off or contextlib.nullcontext(),
-            disable_gradient_checkpointing(causal_lm, self.args.gradient_checkpointing_kwargs),
-        ):
-            yield causal_lm
+    def accumulation_share(self) -> float:
+        return float(self.current_gradient_accumulation_steps) if self.in_training else 1.0
 
-    @torch.no_grad()
-    def _update_ema_teacher(self) -> None:
-        decay = self.args.teacher_ema_decay
-        policy = dict(self._causal_lm(self.model).named_parameters())
-        for name, teacher_param in self._ema_teacher.named_parameters():
-            teacher_param.lerp_(policy[name].detach().to(teacher_param.dtype), 1.0 - decay)
+    def gather_ranks(self, *values: torch.Tensor | float) -> torch.Tensor:
+        local = torch.tensor(
+            [float(value.detach() if isinstance(value, torch.Tensor) else value) for value in values],
+            device=self.accelerator.device,
+        )
+        return self.accelerator.gather(local[None]).cpu()
+
+    def record_metric(self, name: str, value: float) -> None:
+        self._metrics["train" if self.in_training else "eval"][name].append(value)
+
+    def _parameters_sharded(self) -> bool:
+        """ZeRO-3 or FSDP: each rank holds a shard of every parameter (ZeRO-2 and DDP replicate them)."""
+        plugin = self.accelerator.state.deepspeed_plugin
+        return self.is_fsdp_enabled or (self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
 
     # ----------------------------------------------------------------- rollouts
 
@@ -463,7 +415,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             )
             reports.append(rollout)
             hint_sites.append(locate_hint_sites(rollout or [], mask, self._hint_template))
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.in_training else "eval"
         if self._completion_samples is not None and mode == "train":
             self._completion_samples.write(self.state.global_step, self._rollout_samples(reports))
         # The global batch's numbers: every rank's rollouts, in rank order (a GRPO group may span ranks).
@@ -480,7 +432,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             self.num_generations if mode == "train" else self.num_generations_eval,
         )
         for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
+            self.record_metric(name, value)
         return hint_sites
 
     def _rollout_samples(self, reports: list[list[TurnReport] | None]) -> list[RolloutSample]:
@@ -499,265 +451,27 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
     # ----------------------------------------------------------------- loss
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        mode = "train" if self.model.training else "eval"
         # `hint_tokens` counts the whole generation batch on every rank, so all ranks take the same branch
         # (the SDPO forwards are collectives under ZeRO-3 / FSDP); a rank without a site of its own runs a dummy.
         sdpo = self.args.sdpo_weight > 0 and "hint_sites" in inputs and int(inputs["hint_tokens"]) > 0
-        dpo = self._next_dpo_batch(inputs) if self.args.dpo_weight > 0 else None
+        dpo = self.dpo.next_batch(inputs) if self.dpo is not None else None
         captured = None
         if sdpo or (dpo is not None and dpo.head is not None):
-            record_contexts = sdpo and self._teacher_reads_policy_cache()
+            record_contexts = sdpo and self.sdpo.reads_policy_cache
             head = dpo.head if dpo is not None else None
-            with BackboneCapture(self._causal_lm(model).base_model, record_contexts=record_contexts, head=head) as captured:
+            with BackboneCapture(self.policy_causal_lm(model).base_model, record_contexts=record_contexts, head=head) as captured:
                 loss = super()._compute_loss(model, inputs)
         else:
             loss = super()._compute_loss(model, inputs)
         # GRPO's own term, per optimizer step like the logged total `loss` (TRL returns a micro-step's share and
         # logs no loss of its own), so that each channel can be plotted beside the total (`coding-train plot`).
-        grpo = self.accelerator.gather(loss.detach() * self._accumulation_share()).mean().item()
-        self._metrics[mode]["grpo/loss"].append(grpo)
+        self.record_metric("grpo/loss", self.accelerator.gather(loss.detach() * self.accumulation_share()).mean().item())
         if sdpo:
-            loss = loss + self.args.sdpo_weight * self._sdpo_loss(model, inputs, captured.hidden_states, captured.keys_values)
+            loss = loss + self.args.sdpo_weight * self.sdpo.loss(model, inputs, captured.hidden_states, captured.keys_values)
         elif self.args.sdpo_weight > 0:
-            self._metrics[mode]["sdpo/loss"].append(0.0)
+            self.record_metric("sdpo/loss", 0.0)
         if dpo is not None:
             policy_tokens = inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()  # what GRPO's forward ran
             head_keys_values = captured.head_keys_values if captured is not None else None
-            loss = loss + self.args.dpo_weight * self._dpo_loss(model, policy_tokens, dpo, head_keys_values)
+            loss = loss + self.args.dpo_weight * self.dpo.loss(model, policy_tokens, dpo, head_keys_values)
         return loss
-
-    def _accumulation_share(self) -> float:
-        """Each micro-step's share of an optimizer step, as TRL's GRPO loss scales itself."""
-        return float(self.current_gradient_accumulation_steps) if self.model.training else 1.0
-
-    def _teacher_reads_policy_cache(self) -> bool:
-        """Whether the teacher can take the rollouts' contexts from GRPO's forward: it is that forward's
-        model (the live policy) and it runs packed continuations (decision 076)."""
-        return self.args.sdpo_reuse_policy_cache and self.args.sdpo_teacher == "live" and self._shared_prefixes
-
-    def _sdpo_loss(
-        self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor, keys_values: KeysValues | None = None
-    ) -> torch.Tensor:
-        """Generalized JSD summed over this micro-batch's hint-site tokens, divided by a token count of the
-        generation batch (`sdpo_normalizer`). `keys_values`: GRPO's forward's, of the micro-batch, if recorded."""
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids = inputs["completion_ids"]
-        prompt_length = prompt_ids.size(1)
-        rows, positions, teacher_rows, turn_lengths, cache_rows, context_starts = [], [], [], [], [], []
-        for row, sites in enumerate(inputs["hint_sites"]):
-            if not sites:
-                continue
-            prompt = prompt_ids[row][prompt_mask[row].bool()].tolist()
-            cache_rows.append(row)
-            context_starts.append(prompt_length - len(prompt))  # TRL left-pads prompts
-            completion = completion_ids[row].tolist()
-            for site in sites:
-                # the hidden state at t predicts token t + 1
-                span = range(prompt_length + site.start - 1, prompt_length + site.end - 1)
-                rows.extend([row] * len(span))
-                positions.extend(span)
-                turn_lengths.append(site.end - site.start)
-            teacher_rows.append(teacher_row(prompt, completion, sites, self._hint_template.header_ids))
-        site_tokens = len(positions)
-        if not site_tokens:
-            # No site here but some on another rank: the same forwards on row 0's first completion token,
-            # weighted 0, so this rank joins the parameter gathers of ZeRO-3 / FSDP in them.
-            prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
-            rows, positions, turn_lengths = [0], [prompt_length - 1], [1]
-            teacher_rows = [PackedRow(prompt, [Continuation(len(prompt), [int(completion_ids[0, 0])])])]
-            keys_values = None  # the dummy's one token is predicted from the context
-        device = hidden_states.device
-        student_logits = output_logits(
-            self._causal_lm(model), hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
-        )
-        contexts = PolicyContexts(keys_values, cache_rows, context_starts) if keys_values is not None else None
-        teacher_logits = self._teacher_logits(teacher_rows, turn_lengths, contexts)
-        jsd = generalized_jsd(
-            student_logits,
-            teacher_logits,
-            beta=self.args.jsd_beta,
-            temperature=self.args.jsd_temperature,
-            top_k=self.args.jsd_top_k,
-            reduction="sum",
-        ) * float(site_tokens > 0)
-        # Normalise like TRL's token-level losses, over a count of the whole generation batch, so that the
-        # micro-steps of one optimizer step add up to one token mean (decision 065 for which count).
-        normalizer = self._sdpo_token_count(inputs) / self.accelerator.num_processes
-        if self.model.training:
-            normalizer = normalizer * self._accumulation_share() / self.args.steps_per_generation
-        loss = jsd / normalizer
-        mode = "train" if self.model.training else "eval"
-        ranks = self._gathered(loss, jsd, site_tokens)
-        self._metrics[mode]["sdpo/loss"].append(ranks[:, 0].mean().item())  # the ranks' gradients are averaged
-        self._metrics[mode]["sdpo/jsd"].append((ranks[:, 1].sum() / ranks[:, 2].sum().clamp(min=1)).item())
-        self._metrics[mode]["sdpo/hint_tokens"].append(ranks[:, 2].sum().item())
-        return loss
-
-    def _gathered(self, *values: torch.Tensor | float) -> torch.Tensor:
-        """`(ranks, len(values))`: each rank's values, detached, from every rank (all must call it)."""
-        local = torch.tensor(
-            [float(value.detach() if isinstance(value, torch.Tensor) else value) for value in values],
-            device=self.accelerator.device,
-        )
-        return self.accelerator.gather(local[None]).cpu()
-
-    def _sdpo_token_count(self, inputs: dict[str, Any]) -> torch.Tensor:
-        """The generation batch's token count the SDPO sum is divided by (decision 065)."""
-        hint_tokens = inputs["hint_tokens"]
-        if self.args.sdpo_normalizer == "hint_tokens":
-            return hint_tokens.clamp(min=1)
-        # Sites in completions TRL masks out (`mask_truncated_completions`) are not in GRPO's count.
-        return torch.maximum(inputs["num_items_in_batch"], hint_tokens).clamp(min=1)
-
-    @torch.no_grad()
-    def _teacher_logits(
-        self, rows: Sequence[PackedRow], turn_lengths: Sequence[int], contexts: PolicyContexts | None = None
-    ) -> torch.Tensor:
-        """Teacher logits at the positions predicting the last `turn_length` tokens of each continuation
-        (continuations in order, row by row). The contexts are read from GRPO's keys and values where
-        given (`contexts`), else run: a rollout's context once for all its sites where the model allows
-        (`packing`)."""
-        device = self.accelerator.device
-        if contexts is not None:
-            batch = pack_after_cache(
-                rows, self._tokenizer.pad_token_id, context_starts=contexts.context_starts, cache_length=contexts.length
-            )
-            cache = contexts.cache_for_rows()
-        else:
-            batch = pack(rows, self._tokenizer.pad_token_id, shared=self._shared_prefixes)
-            cache = None
-        lengths = iter(turn_lengths)
-        batch_rows, positions = [], []
-        for row, placements in enumerate(batch.placements):
-            for continuation, placement in enumerate(placements):
-                count = next(lengths)
-                predictors = batch.predictors(row, continuation)
-                if count > len(predictors):
-                    raise ValueError("a turn's first token is predicted from the cached context; put the hint before it")
-                batch_rows.extend([placement.row] * count)
-                positions.extend(predictors[-count:])
-        with self._teacher() as teacher:
-            hidden = self._hidden_states(
-                teacher, batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device), cache
-            )
-            scored = hidden[torch.tensor(batch_rows, device=device), torch.tensor(positions, device=device)]
-            return output_logits(teacher, scored)
-
-    def _sequence_logps(
-        self, causal_lm: torch.nn.Module, batch: PackedBatch, head_keys_values: KeysValues | None = None
-    ) -> torch.Tensor:
-        """Summed log-probs of each continuation, in order; the vocabulary is projected only at its tokens.
-        With `head_keys_values`, every row's first positions are read from them (a prompt head recorded in
-        GRPO's forward, its gradient included) and only the rest of the rows runs."""
-        device = self.accelerator.device
-        head, cache, keep_cache = 0, None, contextlib.nullcontext()
-        if head_keys_values is not None:
-            head, cache = head_keys_values[0][0].size(-2), HeadCache(head_keys_values, rows=batch.input_ids.size(0))
-            keep_cache = checkpointed_layers_keep_cache(causal_lm.base_model)
-        with keep_cache:
-            hidden = self._hidden_states(
-                causal_lm,
-                batch.input_ids[:, head:].to(device),
-                batch.attention_mask[:, head:].to(device),  # a packed mask: the rest's queries, every key
-                batch.position_ids[:, head:].to(device),
-                cache,
-            )
-        rows, predictors, targets, numbers = (t.to(device) for t in batch.scored_tokens())
-        logits = output_logits(causal_lm, hidden[rows, predictors - head])
-        token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-        continuations = sum(len(placements) for placements in batch.placements)  # known on the host: no device sync
-        return torch.zeros(continuations, device=device).index_add(0, numbers, token_logps)
-
-    def _collate_pairs(self, preferences: PreferenceBatches, indices: list[int]) -> PackedBatch:
-        return preferences.collate(indices, self._tokenizer.pad_token_id, shared_prefix=self._shared_prefixes)
-
-    @torch.no_grad()
-    def _reference_logps(self, preferences: PreferenceBatches) -> torch.Tensor:
-        """(chosen, rejected) log-probs of this rank's pairs under the DPO reference: its own copy (soft
-        trust-region DPO), else the policy as it is now, adapter off for a PEFT policy (its base). Called at
-        the first DPO loss, after `accelerator.prepare` (a sharded model can only run from then on), and
-        after each reference sync; every rank has as many pairs, so as many forwards."""
-        own_copy = self._dpo_reference is not None
-        causal_lm = self._dpo_reference if own_copy else self._causal_lm(self.model)
-        adapter_off = (
-            self.accelerator.unwrap_model(self.model).disable_adapter() if not own_copy and is_peft_model(self.model) else None
-        )
-        logps = torch.empty(len(preferences.pairs), 2)
-        order = preferences.grouped_indices()  # a chain's pairs together: their shared context runs once
-        was_training = causal_lm.training
-        causal_lm.eval()  # no dropout in a reference
-        try:
-            with adapter_off or contextlib.nullcontext(), disable_gradient_checkpointing(causal_lm, None):
-                for start in range(0, len(order), preferences.batch_size):
-                    indices = order[start : start + preferences.batch_size]
-                    logps[indices] = self._sequence_logps(causal_lm, self._collate_pairs(preferences, indices)).view(-1, 2).cpu()
-        finally:
-            causal_lm.train(was_training)
-        return logps
-
-    @torch.no_grad()
-    def _sync_dpo_reference(self) -> None:
-        """Trust-region DPO's update (`mix_into`; for alpha = 1 the policy itself is the new reference),
-        then the cached log-probs are dropped: every rank recomputes its pairs' at the next DPO loss."""
-        if self._dpo_reference is not None:
-            mix_into(self._dpo_reference, self._causal_lm(self.model), self.args.dpo_ref_model_mixup_alpha)
-        self._preferences.reference_logps = None
-
-    def _next_dpo_batch(self, inputs: dict[str, Any]) -> DpoBatch:
-        """The micro-step's DPO mini-batch, and the head its pairs share with a rollout's prompt, if GRPO's
-        forward may record it for them (decision 079)."""
-        preferences = self._preferences
-        indices = preferences.next_indices()
-        batch = self._collate_pairs(preferences, indices)
-        head = None
-        if self.args.dpo_reuse_policy_cache and self._shared_prefixes:
-            contexts = [preferences.pairs[index].context_ids for index in indices]
-            longest = min(map(len, contexts)) - 1  # a context's last token predicts its actions: it must run
-            # Rows without left padding: there the head's positions are those of the pairs' own rows.
-            for row in (inputs["prompt_mask"][:, 0] == 1).nonzero().flatten().tolist():
-                prompt = inputs["prompt_ids"][row].tolist()
-                length = min(longest, *(common_prefix_length(prompt, context) for context in contexts))
-                if length > (head.length if head else 0):
-                    head = PromptHead(row, length)
-        return DpoBatch(indices, batch, head)
-
-    def _dpo_loss(
-        self,
-        model: torch.nn.Module,
-        policy_tokens: torch.Tensor,
-        dpo: DpoBatch | None = None,
-        head_keys_values: KeysValues | None = None,
-    ) -> torch.Tensor:
-        """The loss of the DPO mini-batch `dpo` (by default the next one, run whole); logs `dpo/token_share`,
-        the tokens it ran over GRPO's `policy_tokens` in this micro-step, which is what the channel adds to
-        the step's time (decision 077). The head recorded in GRPO's forward (`head_keys_values`) is read, not
-        run, where it carries its gradient: not under reentrant activation checkpointing, whose forward
-        records no graph."""
-        preferences = self._preferences
-        if dpo is None:
-            indices = preferences.next_indices()
-            dpo = DpoBatch(indices, self._collate_pairs(preferences, indices), head=None)
-        if preferences.reference_logps is None:
-            preferences.reference_logps = self._reference_logps(preferences)
-        if head_keys_values is not None and torch.is_grad_enabled() and not head_keys_values[0][0].requires_grad:
-            head_keys_values = None
-        policy = self._sequence_logps(self._causal_lm(model), dpo.batch, head_keys_values).view(-1, 2)  # (pairs, chosen / rejected)
-        reference = preferences.reference_logps[dpo.indices].to(policy.device)
-        out = dpo_loss(
-            policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], beta=self.args.dpo_beta, loss_type=self.args.dpo_loss_type
-        )
-        mode = "train" if self.model.training else "eval"
-        loss = out.losses.mean()
-        head = 0 if head_keys_values is None else head_keys_values[0][0].size(-2)
-        # every rank scores as many pairs (`rank_shard`): the global means are the means of the ranks'
-        ranks = self._gathered(
-            loss,
-            (out.chosen_rewards > out.rejected_rewards).float().mean(),
-            (out.chosen_rewards - out.rejected_rewards).mean(),
-            dpo.batch.token_count() - head * dpo.batch.input_ids.size(0),
-            policy_tokens,
-        )
-        for name, value in zip(("dpo/loss", "dpo/accuracy", "dpo/margin"), ranks[:, :3].mean(dim=0).tolist()):
-            self._metrics[mode][name].append(value)
-        self._metrics[mode]["dpo/token_share"].append((ranks[:, 3].sum() / ranks[:, 4].sum().clamp(min=1)).item())
-        return loss / self._accumulation_share()

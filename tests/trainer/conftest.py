@@ -174,7 +174,7 @@ def teacher_sequence(prompt: list[int], completion: list[int], site: HintSite, h
 
 
 def alone(sequence: list[int]) -> PackedRow:
-    """A whole sequence as a packed row of one continuation (what `_teacher_logits` takes)."""
+    """A whole sequence as a packed row of one continuation (what `SdpoChannel.teacher_logits` takes)."""
     return PackedRow(sequence[:1], [Continuation(1, sequence[1:])])
 
 

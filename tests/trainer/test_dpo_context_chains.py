@@ -70,15 +70,15 @@ def test_one_row_runs_a_traces_context_once_and_scores_each_action_as_if_alone(
     model.set_attn_implementation(attention)
     pairs = trace_pairs(traces=2, states=3)
     trainer = make_trainer(model, tokenizer, make_config(tmp_path, dpo_weight=1.0, dpo_batch_size=3), preference_pairs=pairs)
-    preferences, causal_lm = trainer._preferences, trainer.model
-    assert trainer._shared_prefixes
+    preferences, causal_lm = trainer.dpo.preferences, trainer.model
+    assert trainer.shared_prefixes
     chain = preferences.next_indices()
     assert len({trace_of(preferences, index, pairs) for index in chain}) == 1
 
     def logps_and_gradients(shared: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         causal_lm.zero_grad()
         batch = preferences.collate(chain, tokenizer.pad_token_id, shared_prefix=shared)
-        logps = trainer._sequence_logps(causal_lm, batch)
+        logps = trainer.dpo.sequence_logps(causal_lm, batch)
         (logps * torch.arange(1.0, logps.numel() + 1)).sum().backward()  # unequal weights: a leak shows in the gradients
         gradients = torch.cat([parameter.grad.flatten() for parameter in causal_lm.parameters()])
         return logps.detach(), gradients, batch.token_count()
@@ -93,7 +93,7 @@ def test_one_row_runs_a_traces_context_once_and_scores_each_action_as_if_alone(
     assert (shared_gradients - separate_gradients).norm() < 1e-5 * separate_gradients.norm()
 
     # the cached reference log-probs, computed chain by chain, are each pair's own full forward's
-    reference = trainer._reference_logps(preferences)
+    reference = trainer.dpo.reference_logps()
     torch.testing.assert_close(reference, expected_pair_logps(causal_lm, preferences), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(reference[chain], shared.view(-1, 2), rtol=1e-4, atol=1e-4)
 
@@ -117,4 +117,4 @@ def test_the_config_switches_the_sampler(tmp_path, tokenizer, base_model) -> Non
     pairs = trace_pairs(traces=2, states=2)
     for grouped, chains in ((True, 2), (False, 4)):
         config = make_config(tmp_path, dpo_weight=1.0, dpo_group_by_context=grouped)
-        assert len(make_trainer(base_model, tokenizer, config, preference_pairs=pairs)._preferences.chains) == chains
+        assert len(make_trainer(base_model, tokenizer, config, preference_pairs=pairs).dpo.preferences.chains) == chains

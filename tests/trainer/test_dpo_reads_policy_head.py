@@ -57,8 +57,8 @@ def test_dpo_loss_and_gradients_are_the_same_with_the_head_read_or_run(
         inputs["prompt_ids"][1, :3] = inputs["prompt_ids"][1, 3:6]  # row 1 has no left padding: its head is read
         inputs["prompt_ids"][1, 3:] = torch.roll(inputs["prompt_ids"][1, 3:], -3)
         inputs["prompt_mask"][1] = 1
-        dpo = trainer._next_dpo_batch(inputs)
-        trainer._preferences._order = iter(dpo.indices)  # `compute_loss` draws this same mini-batch
+        dpo = trainer.dpo.next_batch(inputs)
+        trainer.dpo.preferences._order = iter(dpo.indices)  # `compute_loss` draws this same mini-batch
         results[reuse] = loss_gradients_and_share(trainer, inputs), dpo
     (loss, gradients, share), dpo = results[True]
     (plain_loss, plain_gradients, plain_share), plain_dpo = results[False]

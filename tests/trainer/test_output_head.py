@@ -55,10 +55,10 @@ def softcapped(tokenizer: Any) -> torch.nn.Module:
 
 def test_dpo_log_probs_are_the_models_own(tmp_path, tokenizer, softcapped) -> None:
     trainer = make_trainer(softcapped, tokenizer, make_config(tmp_path, dpo_weight=1.0), preference_pairs=preference_pairs())
-    assert not trainer._shared_prefixes  # Gemma 2 slides a window in every other layer: one row per sequence
-    preferences = trainer._preferences
+    assert not trainer.shared_prefixes  # Gemma 2 slides a window in every other layer: one row per sequence
+    preferences = trainer.dpo.preferences
     expected = expected_pair_logps(trainer.model, preferences)
-    torch.testing.assert_close(trainer._reference_logps(preferences), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(trainer.dpo.reference_logps(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_sdpo_student_and_teacher_logits_are_the_models_own(tmp_path, tokenizer, softcapped) -> None:
@@ -70,7 +70,7 @@ def test_sdpo_student_and_teacher_logits_are_the_models_own(tmp_path, tokenizer,
     turn = site.end - site.start
     sequence = teacher_sequence(prompt, completion, site, trainer._hint_template.header_ids)
     with torch.no_grad():
-        teacher = trainer._teacher_logits([alone(sequence)], [turn])
+        teacher = trainer.sdpo.teacher_logits([alone(sequence)], [turn])
         expected = trainer.model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]
     torch.testing.assert_close(teacher, expected, rtol=1e-4, atol=1e-4)
     # With no hint the teacher reads the student's context: the student's logits (from GRPO's forward)

@@ -30,8 +30,8 @@ def test_a_shared_prefix_scores_each_action_as_if_alone(tmp_path, tokenizer, bas
     other = PreferencePair(state_id="long", messages=longer, chosen=bash_call("cat stats.py"), rejected=bash_call("rm -rf tests"))
     pairs = [*preference_pairs(), other]  # contexts and actions of different lengths: rows are padded
     trainer = make_trainer(model, tokenizer, make_config(tmp_path, dpo_weight=1.0), preference_pairs=pairs)
-    assert trainer._shared_prefixes
-    preferences, causal_lm = trainer._preferences, trainer.model
+    assert trainer.shared_prefixes
+    preferences, causal_lm = trainer.dpo.preferences, trainer.model
     indices = list(range(len(pairs)))
 
     def logps_and_gradients(shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +39,7 @@ def test_a_shared_prefix_scores_each_action_as_if_alone(tmp_path, tokenizer, bas
         batch = preferences.collate(indices, tokenizer.pad_token_id, shared_prefix=shared)
         # packed: one row, a prefix tree: the system prompt once, the longer context branching off it (079)
         assert batch.input_ids.size(0) == (1 if shared else 2 * len(pairs))
-        logps = trainer._sequence_logps(causal_lm, batch)
+        logps = trainer.dpo.sequence_logps(causal_lm, batch)
         (logps * torch.arange(1.0, logps.numel() + 1)).sum().backward()  # unequal weights: a leak shows in the gradients
         return logps.detach(), torch.cat([parameter.grad.flatten() for parameter in causal_lm.parameters()])
 
@@ -61,7 +61,7 @@ def test_a_rollouts_hint_sites_share_its_context_in_the_teacher(tmp_path, tokeni
     """Two sites of one rollout (turn 1's context holds turn 0 unhinted): one packed row gives each
     site's teacher logits from its own full forward."""
     trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))
-    assert trainer._shared_prefixes
+    assert trainer.shared_prefixes
     inputs = build_batch(trainer, tokenizer, hinted=[True])
     prompt = inputs["prompt_ids"][0][inputs["prompt_mask"][0].bool()].tolist()
     completion = inputs["completion_ids"][0].tolist()
@@ -77,7 +77,7 @@ def test_a_rollouts_hint_sites_share_its_context_in_the_teacher(tmp_path, tokeni
     assert batch.input_ids.size(0) == 1  # one row for both sites
     turns = [site.end - site.start for site in sites]
     with torch.no_grad():
-        packed = trainer._teacher_logits([row], turns)
+        packed = trainer.sdpo.teacher_logits([row], turns)
         expected = torch.cat(
             [
                 trainer.model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]

@@ -145,6 +145,6 @@ def test_a_pair_opens_with_the_rollouts_system_prompt_not_the_traced_agents(tmp_
     for setting, kept in (("rollout", False), ("trace", True)):
         config = make_config(tmp_path, dpo_weight=1.0, dpo_system_prompt=setting)
         trainer = make_trainer(base_model, tokenizer, config, preference_pairs=[pair])  # prompts: one user message
-        assert ("You are a coding agent." in tokenizer.decode(trainer._preferences.pairs[0].context_ids)) == kept
+        assert ("You are a coding agent." in tokenizer.decode(trainer.dpo.preferences.pairs[0].context_ids)) == kept
     with pytest.raises(ValueError, match="dpo_system_prompt"):
         make_config(tmp_path, dpo_weight=1.0, dpo_system_prompt="agent")

@@ -40,12 +40,12 @@ def test_ema_teacher_follows_the_policy_by_ema_after_an_optimizer_step(tmp_path,
     trainer = make_trainer(base_model, tokenizer, config)
     inputs = build_batch(trainer, tokenizer, hinted=[True, False])
     sequence, turn_length = hinted_teacher_input(trainer, inputs)
-    teacher = trainer._ema_teacher
+    teacher = trainer.sdpo.teacher.ema_copy
     assert teacher is not None and not any(p.requires_grad for p in teacher.parameters())
 
     # At start the EMA copy is the policy: same logits.
     torch.testing.assert_close(
-        trainer._teacher_logits([alone(sequence)], [turn_length]),
+        trainer.sdpo.teacher_logits([alone(sequence)], [turn_length]),
         logits_predicting_last_tokens(trainer.model, sequence, turn_length),
     )
     teacher_before = {name: p.detach().clone() for name, p in teacher.named_parameters()}
@@ -75,7 +75,7 @@ def test_ema_teacher_follows_the_policy_by_ema_after_an_optimizer_step(tmp_path,
         assert not torch.equal(teacher_after[name], policy[name]), name
 
     # The teacher now lags the live policy: its logits at the hint site differ.
-    teacher_logits = trainer._teacher_logits([alone(sequence)], [turn_length])
+    teacher_logits = trainer.sdpo.teacher_logits([alone(sequence)], [turn_length])
     live_logits = logits_predicting_last_tokens(trainer.model, sequence, turn_length)
     assert (teacher_logits - live_logits).abs().max() > 1e-3
     # and they are the EMA copy's own: called as a module, the copy runs its weights, not the policy's
@@ -99,7 +99,7 @@ def test_base_teacher_is_the_frozen_base_and_not_the_adapted_policy(tmp_path, to
     sequence, turn_length = hinted_teacher_input(trainer, inputs)
     adapted_before = logits_predicting_last_tokens(trainer.model, sequence, turn_length)
 
-    teacher_logits = trainer._teacher_logits([alone(sequence)], [turn_length])
+    teacher_logits = trainer.sdpo.teacher_logits([alone(sequence)], [turn_length])
     assert teacher_logits.grad_fn is None and not teacher_logits.requires_grad
     # `base_model` is the model the trainer's LoRA copy was made from, never wrapped or trained.
     torch.testing.assert_close(teacher_logits, logits_predicting_last_tokens(base_model, sequence, turn_length))

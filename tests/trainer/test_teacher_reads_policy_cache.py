@@ -36,7 +36,7 @@ def two_rollouts_of_unequal_prompts(trainer: Any, tokenizer: Any) -> dict[str, A
 
 def grpo_forward_contexts(trainer: Any, inputs: dict[str, Any]) -> tuple[PolicyContexts, list[PackedRow], list[int]]:
     """The policy's forward over the batch as TRL runs it (left-padded prompt, then completion), its
-    cache kept; and the teacher rows and turn lengths `_sdpo_loss` builds."""
+    cache kept; and the teacher rows and turn lengths `SdpoChannel.loss` builds."""
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     with torch.no_grad(), BackboneCapture(trainer.model.model, record_contexts=True) as captured:
@@ -63,11 +63,11 @@ def test_teacher_logits_from_the_cached_contexts_equal_running_the_contexts(tmp_
     inputs = two_rollouts_of_unequal_prompts(trainer, tokenizer)
     contexts, rows, turn_lengths = grpo_forward_contexts(trainer, inputs)
     run_lengths = []
-    hidden_states = trainer._hidden_states
-    trainer._hidden_states = lambda causal_lm, input_ids, *rest: run_lengths.append(input_ids.size(1)) or hidden_states(causal_lm, input_ids, *rest)
+    hidden_states = trainer.run_backbone
+    trainer.run_backbone = lambda causal_lm, input_ids, *rest: run_lengths.append(input_ids.size(1)) or hidden_states(causal_lm, input_ids, *rest)
     with torch.no_grad():
-        from_cache = trainer._teacher_logits(rows, turn_lengths, contexts)
-        from_contexts = trainer._teacher_logits(rows, turn_lengths)
+        from_cache = trainer.sdpo.teacher_logits(rows, turn_lengths, contexts)
+        from_contexts = trainer.sdpo.teacher_logits(rows, turn_lengths)
     assert from_cache.shape == (sum(turn_lengths), len(tokenizer))
     # Rollout 1's cached keys carry rotary positions 5 further on than a context run alone: equal in exact
     # arithmetic, ~1e-4 apart in float32 for this sharp random model (logits up to ~16). A context token
@@ -99,8 +99,8 @@ def test_sdpo_loss_and_gradients_are_the_same_with_the_cache_read_or_not(
             trainer.model.activation_checkpointing_enable()
         inputs = two_rollouts_of_unequal_prompts(trainer, tokenizer)
         calls = []
-        teacher_logits = trainer._teacher_logits
-        trainer._teacher_logits = lambda rows, lengths, contexts=None: calls.append(contexts) or teacher_logits(rows, lengths, contexts)
+        teacher_logits = trainer.sdpo.teacher_logits
+        trainer.sdpo.teacher_logits = lambda rows, lengths, contexts=None: calls.append(contexts) or teacher_logits(rows, lengths, contexts)
         losses[reuse], gradients[reuse] = loss_and_grads(trainer, inputs)
         assert not any(getattr(layer, "_can_checkpoint_with_cache", False) for layer in trainer.model.modules())
         assert trainer._metrics["train"]["sdpo/loss"][-1] > 0

@@ -49,8 +49,8 @@ def test_hint_sites_give_an_sdpo_loss_and_every_parameter_a_finite_gradient(tmp_
     assert metrics["dpo/accuracy"][-1] == 0.0 and metrics["dpo/loss"][-1] == pytest.approx(math.log(2))
     # The DPO forward's tokens (the pairs' one context once, both actions of each), less the head the context
     # shares with the rollouts' prompt (read from GRPO's forward), over the tokens of GRPO's forward.
-    pairs = trainer._collate_pairs(trainer._preferences, [0, 1])  # the three pairs are one context
-    context = trainer._preferences.pairs[0].context_ids
+    pairs = trainer.dpo.collate([0, 1])  # the three pairs are one context
+    context = trainer.dpo.preferences.pairs[0].context_ids
     head = common_prefix_length(inputs["prompt_ids"][0].tolist(), context)
     assert 0 < head < len(context) and pairs.input_ids.size(0) == 1
     policy_tokens = (inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()).item()
@@ -65,7 +65,7 @@ def test_no_hint_sites_means_no_sdpo_term(tmp_path, tokenizer, base_model) -> No
     inputs = build_batch(trainer, tokenizer, hinted=[False, False])
     assert inputs["hint_sites"] == [[], []]
     calls = []
-    trainer._teacher_logits = lambda *a: calls.append(a)  # the teacher must not even run
+    trainer.sdpo.teacher_logits = lambda *a: calls.append(a)  # the teacher must not even run
     loss_and_grads(trainer, inputs)
     assert trainer._metrics["train"]["sdpo/loss"] == [0.0]
     assert calls == []
@@ -95,7 +95,7 @@ def test_student_and_teacher_score_the_same_tokens_position_by_position(tmp_path
         student_logits = model.lm_head(model.model(input_ids=ids, attention_mask=mask).last_hidden_state)[0]
         p = inputs["prompt_ids"].size(1)
         student_at_site = student_logits[p + site.start - 1 : p + site.end - 1]
-        teacher_logits = trainer._teacher_logits([alone(teacher_sequence(prompt, completion, empty, trainer._hint_template.header_ids))], [len(turn)])
+        teacher_logits = trainer.sdpo.teacher_logits([alone(teacher_sequence(prompt, completion, empty, trainer._hint_template.header_ids))], [len(turn)])
     assert teacher_logits.shape == student_at_site.shape
     torch.testing.assert_close(teacher_logits, student_at_site, rtol=1e-4, atol=1e-4)
     # and the argmax prediction of each position agrees token by token
@@ -106,11 +106,11 @@ def test_sdpo_term_is_a_token_mean_across_gradient_accumulation(tmp_path, tokeni
     """Two micro-steps of one optimizer step add up to the loss of the whole generation batch."""
     whole = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0, per_device_train_batch_size=4, num_generations=2))
     inputs = build_batch(whole, tokenizer, hinted=[True, True, False, True])
-    whole_loss = whole._sdpo_loss(whole.model, inputs, _hidden(whole, inputs))
+    whole_loss = whole.sdpo.loss(whole.model, inputs, _hidden(whole, inputs))
 
     split = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0, gradient_accumulation_steps=2, steps_per_generation=2))
     halves = [{k: (v[i : i + 2] if k not in ("hint_tokens", "num_items_in_batch") else v) for k, v in inputs.items()} for i in (0, 2)]
-    split_loss = sum(split._sdpo_loss(split.model, half, _hidden(split, half)) for half in halves)
+    split_loss = sum(split.sdpo.loss(split.model, half, _hidden(split, half)) for half in halves)
     torch.testing.assert_close(split_loss, whole_loss)
 
 
@@ -123,15 +123,15 @@ def _hidden(trainer: Any, inputs: dict) -> torch.Tensor:
 def test_dpo_reference_log_probs_are_computed_at_the_first_dpo_loss_and_kept(tmp_path, tokenizer, base_model) -> None:
     """Not in `__init__`: a model sharded by `accelerator.prepare` (ZeRO-3, FSDP) can only run after it."""
     trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, dpo_weight=1.0, dpo_batch_size=3), preference_pairs=preference_pairs())
-    assert trainer._preferences.reference_logps is None
-    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
+    assert trainer.dpo.preferences.reference_logps is None
+    trainer.dpo.loss(trainer.model, policy_tokens=torch.tensor(1000))
     # at the reference weights the implicit rewards are zero: margin 0
     assert trainer._metrics["train"]["dpo/margin"][-1] == pytest.approx(0.0, abs=1e-5)
-    reference = trainer._preferences.reference_logps.clone()
+    reference = trainer.dpo.preferences.reference_logps.clone()
     assert reference.shape == (3, 2) and torch.isfinite(reference).all()
     with torch.no_grad():
         for param in trainer.model.parameters():
             param.add_(0.01)
-    trainer._dpo_loss(trainer.model, policy_tokens=torch.tensor(1000))
-    assert torch.equal(trainer._preferences.reference_logps, reference)
+    trainer.dpo.loss(trainer.model, policy_tokens=torch.tensor(1000))
+    assert torch.equal(trainer.dpo.preferences.reference_logps, reference)
     assert trainer._metrics["train"]["dpo/margin"][-1] != pytest.approx(0.0, abs=1e-5)

@@ -28,7 +28,7 @@ def main(out: Path) -> None:
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
         "local_hint_tokens": local_tokens,
-        "pair_ids": trainer._preferences.pair_ids,
+        "pair_ids": trainer.dpo.preferences.pair_ids,
         "metrics": {name: values[-1] for name, values in trainer._metrics["train"].items()},
         "finite_grads": all(torch.isfinite(p.grad).all().item() for p in trainer.model.parameters() if p.grad is not None),
     }
