@@ -3,7 +3,7 @@
     python benchmarks/cheat_rate.py [--families 2] [--real builtin/fizzbuzz ...] [--workers 2] [--json out.json]
 
 Starts `coding-env serve` in a child process (Docker backend, default settings) and plays each
-hack of `env_server.redteam.CATALOGUE` through the public HTTP API:
+hack of `tests.redteam.catalogue.CATALOGUE` through the public HTTP API:
 - against canary tasks (`--families` of the five canary families per hack, family and function
   rotating with the hack, so every family is hit), where no honest solution can earn anything: the **cheat rate** is the share of those episodes rewarded > 0;
 - against real tasks (`--real`, where the hack applies): the share of hack episodes rewarded;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +26,14 @@ from pathlib import Path
 
 import httpx
 
-from env_server.redteam import CATALOGUE, Hack, HackClass, HackOutcome, ToolCall, applies, play
-from env_server.tasks import default_registry
-from env_server.tasks.canary import FAMILIES, SUITE as CANARY
-import trivial_baselines
-from service_latency import start_service
+# The catalogue is test code (tests/redteam/catalogue.py), imported from the repository's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from env_server.tasks import default_registry  # noqa: E402
+from env_server.tasks.canary import FAMILIES, SUITE as CANARY  # noqa: E402
+from tests.redteam.catalogue import CATALOGUE, Hack, HackClass, HackOutcome, ToolCall, applies, play  # noqa: E402
+import trivial_baselines  # noqa: E402
+from service_latency import start_service  # noqa: E402
 
 # A call-table task, a call-table task with a judge and a prompt helper, a call-table task with
 # JSON data (codeio needs its generated cache; it is skipped when absent).

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from env_server.grading import grade, prepare_workspace, prewarm_grader
+from env_server.grading.grader import grade, prepare_workspace, prewarm_grader
 from env_server.tasks import default_registry, feature_deletion
 from env_server.tasks.validation import solve
 from samples import percentile

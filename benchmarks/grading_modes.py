@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from env_server.grading import GRADE_COMMAND, grade, prepare_workspace
+from env_server.grading.grader import GRADE_COMMAND, grade, prepare_workspace
 from env_server.models import TaskSpec
 from env_server.tasks.builtin import TASKS
 from env_server.tasks.humaneval import HumanEvalSuite, read_problems

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 
 from env_server.settings import ServiceSettings
@@ -32,19 +31,6 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def nginx_config(args: argparse.Namespace) -> int:
-    """Print the nginx configuration for the replicas given."""
-    from env_server.nginx_config import Replica, render
-
-    try:
-        replicas = [Replica.parse(text) for text in args.replica]
-        print(render(replicas, listen=args.listen, pid_file=args.pid, error_log=args.error_log, temp_dir=args.temp_dir), end="")
-    except ValueError as exc:
-        print(f"coding-env nginx-config: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coding-env", description="Agentic coding environment service.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -53,13 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--port", type=int, help="TCP port (default: CODING_ENV_PORT or 8000)")
     serve_parser.add_argument("--fd", type=int, help="serve on an inherited, already bound and listening socket (host and port are then ignored)")
     serve_parser.set_defaults(func=serve)
-    nginx_parser = commands.add_parser("nginx-config", help="print an nginx.conf routing each session to its replica (docs/deployment.md)")
-    nginx_parser.add_argument("--replica", action="append", required=True, metavar="ID=HOST:PORT", help="a replica (CODING_ENV_REPLICA_ID=ID) and its address; repeat per replica")
-    nginx_parser.add_argument("--listen", default="8080", help="nginx `listen` value (default: 8080)")
-    nginx_parser.add_argument("--pid", help="nginx pid file (default: its compiled-in path)")
-    nginx_parser.add_argument("--error-log", default="stderr", help="nginx error log (default: stderr)")
-    nginx_parser.add_argument("--temp-dir", help="directory for nginx's temporary files (default: its compiled-in paths)")
-    nginx_parser.set_defaults(func=nginx_config)
     _mount_optional(commands)
     return parser
 

@@ -29,7 +29,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field, TypeAdapter, ValidationError
 
 from env_server.error_kinds import FailureStreak
-from env_server.grading import GradingConfig, TaskSetupError, prepare_workspace
+from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import Hint, HintGenerator
 from env_server.models import (
     DEFAULT_MAX_CALLS_PER_STEP,
@@ -49,7 +49,7 @@ from env_server.models import (
     ToolResult,
     TrajectoryStep,
 )
-from env_server.monitor import scan_tool_call
+from env_server.grading.monitor import scan_tool_call
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry

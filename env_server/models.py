@@ -15,7 +15,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from env_server import typed_values
+from env_server.grading.in_sandbox import typed_values
 
 TASK_SPEC_VERSION = 1
 TRAJECTORY_SCHEMA_VERSION = 1
@@ -60,7 +60,7 @@ class ErrorKind(str, enum.Enum):
 
 class MonitorFlag(enum.StrEnum):
     """Evidence of a shortcut instead of a solution, raised by the reward-hacking monitor on a
-    tool call (`env_server.monitor`) or by the grader on a submission (`env_server.grading`).
+    tool call (`env_server.grading.monitor`) or by the grader on a submission (`env_server.grading.grader`).
     Closed: the one vocabulary of the monitor, the grader, the trajectory and the wire."""
 
     BYTECODE_READ = "bytecode_read"
@@ -115,7 +115,7 @@ class CallCheck(BaseModel):
     only `module`, `function` and the arguments enter the grading sandbox, where a trusted,
     stdlib-only harness imports the solution in a fresh process per few calls, runs each call
     under `TaskLimits.call_timeout_s` and prints the result in the strict typed encoding of
-    `env_server.typed_values` (exact types only; a subclass, a custom object or a NaN is
+    `env_server.grading.in_sandbox.typed_values` (exact types only; a subclass, a custom object or a NaN is
     unencodable and fails). The host compares it with `expected`, which never enters the
     sandbox: same type everywhere, same value, floats within `rel_tol`/`abs_tol`. So forging
     the harness's output needs the right answers. Values here are *encoded*; build checks from
@@ -152,7 +152,7 @@ class CallCheck(BaseModel):
     keys strings), for tasks whose expected outputs are JSON data."""
 
     judge: str | None = Field(default=None, max_length=200)
-    """Name of a trusted host-side judge (`env_server.call_checks.JUDGES`) that decides from the
+    """Name of a trusted host-side judge (`env_server.grading.call_checks.JUDGES`) that decides from the
     decoded arguments and result, for calls whose right answer is not unique."""
 
     rel_tol: float = Field(default=1e-9, ge=0, le=1)

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection, Request
 
 from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, CodingObservation, CodingResetObservation
-from env_server.grading import prewarm_grader
+from env_server.grading.grader import prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.models import ApiErrorCode, ForkRequestBody, ResetRequestBody, SessionsForked

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from env_server.grading import GradingConfig
+from env_server.grading.grader import GradingConfig
 from env_server.models import ErrorKind
 from env_server.replicas import REPLICA_ID_PATTERN
 from sandbox.spec import Backend, BackendSpec, DockerSpec, backend_spec

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from env_server.error_kinds import classify_exec
-from env_server.grading import GradeResult, GradingConfig, grade
+from env_server.grading.grader import GradeResult, GradingConfig, grade
 from env_server.models import ErrorKind, MonitorFlag, TaskSpec
 from sandbox import ExecResult, Sandbox
 

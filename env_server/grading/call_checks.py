@@ -1,7 +1,7 @@
 """Grading a call-table task (`TaskSpec.hidden_calls`): run the calls in the grading sandbox,
 decide on the host.
 
-Only the calls' inputs and the stdlib-only harness (`env_server/call_harness.py`) enter the
+Only the calls' inputs and the stdlib-only harness (`env_server/grading/in_sandbox/call_harness.py`) enter the
 grading sandbox; the expected results stay here. The harness's result lines are parsed
 defensively (anything malformed fails its call) and compared with `typed_values.matches`: exact
 types, exact values, floats within the check's tolerances. Failing ids are built here from the
@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from env_server import typed_values
+from env_server.grading import in_sandbox
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import CallCheck, TaskSpec
 from sandbox import FileTooLarge, Sandbox
 
@@ -92,7 +93,7 @@ def run_call_table(grader: Sandbox, task: TaskSpec, results_limit_bytes: int) ->
     ]
     grader.write_file(f"{directory}/calls.json", json.dumps(calls))
     for name in _HARNESS_FILES:
-        grader.write_file(f"{directory}/{name}", (resources.files("env_server") / name).read_bytes())
+        grader.write_file(f"{directory}/{name}", (resources.files(in_sandbox) / name).read_bytes())
     command = (
         f"python3 -I -B {shlex.quote(directory)}/call_harness.py {shlex.quote(directory)} "
         f"{task.limits.call_timeout_s} {CALLS_PER_PROCESS}"

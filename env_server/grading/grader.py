@@ -8,16 +8,16 @@ workspace (/tmp, $HOME, user site-packages) carries over.
 
 Two modes (docs/decisions/042-call-table-grading.md, 043-pytest-mode-hardening.md):
 - call table (`TaskSpec.hidden_calls`): only the calls' inputs enter the sandbox; the results
-  are compared on the host (`env_server.call_checks`). The solution cannot reach the verdict.
+  are compared on the host (`env_server.grading.call_checks`). The solution cannot reach the verdict.
 - pytest (`TaskSpec.hidden_tests`): the hidden tests and their canaries sit in a grader
-  directory outside the workspace that the run cannot write (the guard, `env_server/pytest_guard.py`,
+  directory outside the workspace that the run cannot write (the guard, `env_server/grading/in_sandbox/pytest_guard.py`,
   confines it with Landlock before any submission code starts, decision 055; on Docker the
   directory is also sealed, owned by the supervisor, which the guard accepts where Landlock is
   missing, decision 058), and pytest runs
   from there in importlib mode under fresh module names. What the solution can still do in the
   test process is detected: only test ids found in the hidden files count (an injected test is
   ignored and flagged, a missing one fails), canaries copied from the file's own tests
-  (`env_server/canaries.py`, decision 056) must fail and report, the guard's exit status says
+  (`env_server/grading/canaries.py`, decision 056) must fail and report, the guard's exit status says
   whether any process outlived the run, and the report is read when no process of it is left.
 
 `grade` never raises for what the workspace holds: that is a reward-0 `grading_error`.
@@ -44,10 +44,10 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server import call_checks
-from env_server import canaries as canaries_module
+from env_server.grading import call_checks
+from env_server.grading import canaries as canaries_module
+from env_server.grading.in_sandbox.pytest_guard import NO_CONFINEMENT_STATUS, NO_SUBREAPER_STATUS, ORPHANS_STATUS
 from env_server.models import ErrorKind, MonitorFlag, TaskSpec, workspace_path
-from env_server.pytest_guard import NO_CONFINEMENT_STATUS, NO_SUBREAPER_STATUS, ORPHANS_STATUS
 from sandbox import ArchiveTooLarge, FileTooLarge, Sandbox, SandboxError, SealingUnavailable
 
 # Nothing under these directory names reaches the grader: bytecode and tool caches can hold
@@ -508,7 +508,7 @@ def run_hidden_tests(grader: Sandbox, task: TaskSpec, submission: Submission) ->
     prefix = f"m{uuid.uuid4().hex[:12]}"
     files, canaries = _suite_files(task, prefix)
     written = {f"suite/{path}": text.encode() for path, text in files.items()}
-    written["pytest_guard.py"] = (resources.files("env_server") / "pytest_guard.py").read_bytes()
+    written["pytest_guard.py"] = (resources.files("env_server.grading.in_sandbox") / "pytest_guard.py").read_bytes()
     try:
         # Owned by the supervisor, read-only to the run's uid: the confinement where the kernel
         # has no Landlock (gVisor); the bubblewrap backend has one uid, and Landlock alone (058).

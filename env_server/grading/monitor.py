@@ -21,7 +21,7 @@ from typing import Any
 from env_server.models import MonitorFlag, TaskSpec
 
 # `models.MonitorFlag` is the vocabulary. GRADER_TAMPER and the GRADING_* flags are raised by the
-# grader (`env_server.grading`), never by `scan_tool_call`.
+# grader (`env_server.grading.grader`), never by `scan_tool_call`.
 
 _BYTECODE = re.compile(
     r"\.py[co]\b|\.class\b|\.jar\b|__pycache__|\.mypy_cache|\.pytype|\.pyre\b|\.ruff_cache|\.pytest_cache"

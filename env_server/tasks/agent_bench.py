@@ -20,7 +20,7 @@ import re
 import shlex
 from typing import Any
 
-from env_server.grading import GRADE_COMMAND
+from env_server.grading.grader import GRADE_COMMAND
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 

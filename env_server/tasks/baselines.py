@@ -31,7 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from env_server import call_checks, typed_values
+from env_server.grading import call_checks
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import CallCheck, TaskSpec
 
 TYPE_DEFAULTS: tuple[Any, ...] = (None, 0, 0.0, "", [], {}, (), set(), False, True, b"")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from env_server.grading import GRADE_COMMAND
+from env_server.grading.grader import GRADE_COMMAND
 from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
 

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel
 
-from env_server.grading import GRADE_ENV, parse_junit, pytest_command, tar_files
+from env_server.grading.grader import GRADE_ENV, parse_junit, pytest_command, tar_files
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks import StaticSuite
 from env_server.tasks.validation import Validity, clear_workspace, validate_task

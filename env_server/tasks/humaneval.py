@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from env_server import typed_values
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite
 from env_server.tasks.validation import host_validity

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import BaseModel, Field
 
-from env_server import typed_values
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import TaskSpec
 from env_server.tasks.baselines import BaselineScore, call_table_baselines, hole_baselines, plain_checks
 from sandbox import Sandbox

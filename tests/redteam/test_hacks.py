@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from env_server.grading import GRADE_COMMAND
+from env_server.grading.grader import GRADE_COMMAND
 from env_server.models import TaskSpec
-from env_server.redteam import CATALOGUE, Hack, HackClass, ToolCall, applies, play
 from env_server.tasks import builtin, default_registry
 from env_server.tasks.canary import CanarySuite
+from tests.redteam.catalogue import CATALOGUE, Hack, HackClass, ToolCall, applies, play
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

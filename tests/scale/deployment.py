@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from env_server.nginx_config import Replica, render
+from deploy.nginx.render import Replica, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0

@@ -1,4 +1,4 @@
-"""The nginx configuration: what `coding-env nginx-config` renders is accepted by nginx, refuses bad
+"""The nginx configuration: what deploy/nginx/render.py renders is accepted by nginx, refuses bad
 replica lists, and the shipped deploy/nginx/nginx.conf is exactly its rendering for the compose replicas."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from env_server.cli import main
-from env_server.nginx_config import Replica, render
+from deploy.nginx.render import Replica, main, render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_REPLICAS = ["r1=replica-1:8000", "r2=replica-2:8000", "r3=replica-3:8000"]
@@ -24,7 +23,7 @@ def test_nginx_accepts_the_rendered_configuration(tmp_path: Path) -> None:
 
 
 def test_the_shipped_configuration_is_the_rendering_for_the_compose_replicas(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["nginx-config", *(arg for r in COMPOSE_REPLICAS for arg in ("--replica", r))]) == 0
+    assert main([*(arg for r in COMPOSE_REPLICAS for arg in ("--replica", r))]) == 0
     assert capsys.readouterr().out == (REPO_ROOT / "deploy/nginx/nginx.conf").read_text()
 
 
@@ -37,5 +36,5 @@ def test_the_shipped_configuration_is_the_rendering_for_the_compose_replicas(cap
     ],
 )
 def test_a_bad_replica_list_is_refused_with_its_reason(replicas: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["nginx-config", *(arg for r in replicas for arg in ("--replica", r))]) == 2
+    assert main([*(arg for r in replicas for arg in ("--replica", r))]) == 2
     assert problem in capsys.readouterr().err

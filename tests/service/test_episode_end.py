@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, prompt_footer
-from env_server.grading import GRADE_COMMAND
+from env_server.grading.grader import GRADE_COMMAND
 from env_server.hints import HintGenerator
 from env_server.settings import HintSettings
 from env_server.tools import TOOLS

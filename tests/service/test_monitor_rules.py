@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from env_server.models import MonitorFlag, TaskSpec
-from env_server.monitor import scan_tool_call
+from env_server.grading.monitor import scan_tool_call
 from env_server.settings import ServiceSettings
 
 TASK = TaskSpec(id="inline/t", prompt="p", visible_tests={"test_visible.py": "def test_x(): pass\n"})

@@ -10,7 +10,7 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from env_server import canaries
+from env_server.grading import canaries
 
 HIDDEN = '''import unittest
 

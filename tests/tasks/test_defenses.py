@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from env_server import monitor
-from env_server.grading import GRADE_COMMAND, GradingConfig, clean_submission, grade, prepare_workspace
+from env_server.grading import monitor
+from env_server.grading.grader import GRADE_COMMAND, GradingConfig, clean_submission, grade, prepare_workspace
 from env_server.models import MonitorFlag, TaskSpec
 from sandbox import Sandbox
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
 from env_server.tasks import default_registry
 from env_server.tasks.feature_deletion import Project, candidates, delete_body, find_packages, generate
 from sandbox import Sandbox, SandboxSpec, open_sandbox

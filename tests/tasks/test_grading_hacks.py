@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from env_server import typed_values
-from env_server.call_checks import judge_calls
-from env_server.grading import GRADE_COMMAND, GradeResult, grade, prepare_workspace
+from env_server.grading.call_checks import judge_calls
+from env_server.grading.grader import GRADE_COMMAND, GradeResult, grade, prepare_workspace
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import CallCheck, MonitorFlag, TaskSpec
 from env_server.tasks.builtin import TASKS
 from env_server.tasks.humaneval import HumanEvalSuite

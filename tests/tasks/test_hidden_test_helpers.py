@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
 from env_server.models import TaskSpec
 from sandbox import Sandbox
 

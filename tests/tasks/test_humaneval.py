@@ -9,8 +9,8 @@ from importlib import resources
 
 import pytest
 
-from env_server.call_checks import judge_calls
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.call_checks import judge_calls
+from env_server.grading.grader import grade, prepare_workspace
 from env_server.tasks.humaneval import HumanEvalSuite
 from sandbox import Sandbox
 
@@ -49,7 +49,7 @@ def _batch(sandbox: Sandbox, cases: dict[str, dict]) -> dict[str, str]:
     files = {
         "cases.json": json.dumps(cases).encode(),
         "calls.py": _BATCH_CALLS.encode(),
-        "typed_values.py": (resources.files("env_server") / "typed_values.py").read_bytes(),
+        "typed_values.py": (resources.files("env_server.grading.in_sandbox") / "typed_values.py").read_bytes(),
     }
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_server import monitor
+from env_server.grading import monitor
 from env_server.models import MonitorFlag, TaskSpec
 
 TASK = TaskSpec(

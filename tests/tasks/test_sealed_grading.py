@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
+from env_server.grading.in_sandbox.pytest_guard import NO_CONFINEMENT_STATUS
 from env_server.models import MonitorFlag
-from env_server.pytest_guard import NO_CONFINEMENT_STATUS
 from sandbox import DockerSpec, Sandbox, open_sandbox
 from tests.sandbox.support import needs_docker
 from tests.sandbox.test_gvisor import runsc_registered
@@ -104,7 +104,7 @@ def test_the_guard_refuses_a_suite_the_runs_uid_owns_where_landlock_is_missing(s
     owns it exits NO_CONFINEMENT_STATUS (with Landlock it confines and runs)."""
     from importlib import resources
 
-    sandbox.write_file("/tmp/guard.py", (resources.files("env_server") / "pytest_guard.py").read_bytes())
+    sandbox.write_file("/tmp/guard.py", (resources.files("env_server.grading.in_sandbox") / "pytest_guard.py").read_bytes())
     sandbox.write_file("/tmp/mine/test_x.py", "def test_x():\n    pass\n")
     landlock = sandbox.exec("python3 -c 'import ctypes; print(ctypes.CDLL(None).syscall(444, None, 0, 1) > 0)'").stdout.strip() == "True"
     result = sandbox.exec("python3 -I /tmp/guard.py --writable /tmp --sealed /tmp/mine -- true")

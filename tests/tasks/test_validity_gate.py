@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
 from env_server.models import CallCheck, TaskSpec
 from env_server.tasks import StaticSuite, default_registry
 from env_server.tasks.baselines import call_table_baselines, constant_reward, hole_baselines, visible_info

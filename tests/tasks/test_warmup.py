@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from env_server import typed_values
-from env_server.grading import grade, prepare_workspace
+from env_server.grading.grader import grade, prepare_workspace
+from env_server.grading.in_sandbox import typed_values
 from env_server.models import TaskSpec
 from env_server.tasks import default_registry, warmup
 from env_server.tasks.cli import main
