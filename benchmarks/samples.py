@@ -1,10 +1,16 @@
-"""Timing samples, shared by the benchmark scripts: one percentile definition for every figure."""
+"""Timing samples, shared by the benchmark scripts: one percentile definition for every figure, and one
+check each of a timed exec's and a timed step's reply."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandbox import ExecResult, Sandbox
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -21,3 +27,20 @@ def timed_ms(action: Callable[[], object], repeat: int) -> list[float]:
         action()
         samples.append((time.perf_counter() - start) * 1000)
     return samples
+
+
+def checked_step(reply: dict[str, Any]) -> dict[str, Any]:
+    """A step's reply (the HTTP body, or a WebSocket observation frame's data), or a loud failure when the
+    step did not succeed: a benchmark that times error replies measures nothing."""
+    observation = reply.get("observation") or {}
+    if reply.get("done") or observation.get("error_kind") is not None:
+        raise RuntimeError(f"a timed step did not succeed: {json.dumps(reply)[:500]}")
+    return reply
+
+
+def checked_exec(sandbox: Sandbox, command: str, timeout_s: float = 30) -> ExecResult:
+    """`sandbox.exec(command)`'s result, or a loud failure when the command did not exit 0."""
+    result = sandbox.exec(command, timeout_s=timeout_s)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{command[:200]!r} failed: {result}")
+    return result

@@ -1,9 +1,11 @@
 """Sandbox latency: cold start, warm checkout, exec round trips, file transfer, concurrency.
 
 Baseline in the same run: the docker SDK's `exec_run` (one `docker exec` per call) for the
-same commands in the same container. Prints a markdown table for docs/benchmarks.md.
+same commands in the same container. Prints a markdown table for docs/benchmarks.md. Every timed
+exec (the baseline's too) must exit 0 and every file round trip return what was written; an error
+under concurrency is counted in the table and then fails the run.
 
-    python benchmarks/sandbox_latency.py [--backend docker|local] [--quick]
+    python benchmarks/sandbox_latency.py [--backend docker|local] [--quick | --tiny]
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from samples import percentile, timed_ms
+from docker.models.containers import Container
+
+from samples import checked_exec, percentile, timed_ms
 from sandbox import BackendSpec, DockerSpec, LocalSpec, Sandbox, WarmPool, open_sandbox
 
 SPEC: BackendSpec = DockerSpec()
@@ -30,10 +34,11 @@ def row(name: str, samples: list[float], baseline: list[float] | None = None) ->
     return "| " + " | ".join(cells) + " |"
 
 
-def checked_exec(sandbox: Sandbox, command: str) -> None:
-    result = sandbox.exec(command, timeout_s=30)
+def checked_exec_run(container: Container, command: str) -> None:
+    """The baseline's `docker exec`, or a loud failure when the command did not exit 0."""
+    result = container.exec_run(["bash", "-c", command])
     if result.exit_code != 0:
-        raise RuntimeError(f"{command!r} failed: {result}")
+        raise RuntimeError(f"exec_run {command!r} failed: {result}")
 
 
 def cold_start(backend: str, repeat: int) -> list[float]:
@@ -58,8 +63,8 @@ def warm_checkout(backend: str, repeat: int) -> list[float]:
     return samples
 
 
-def concurrency(backend: str, sandboxes: int, execs_each: int) -> str:
-    """`sandboxes` sandboxes each run `true` `execs_each` times, all at once."""
+def concurrency(backend: str, sandboxes: int, execs_each: int) -> tuple[str, int]:
+    """`sandboxes` sandboxes each run `true` `execs_each` times, all at once: the table's row, and the errors."""
     with ThreadPoolExecutor(max_workers=8) as starter:
         opened = list(starter.map(lambda _: open_sandbox(SPEC, backend), range(sandboxes)))
     latencies: list[float] = []
@@ -93,7 +98,9 @@ def concurrency(backend: str, sandboxes: int, execs_each: int) -> str:
         with ThreadPoolExecutor(max_workers=8) as closer:
             list(closer.map(lambda sb: sb.close(), opened))
     rate = len(latencies) / wall
-    return f"| {sandboxes} | {execs_each} | {rate:.0f} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f} | {errors} |"
+    if not latencies:
+        return f"| {sandboxes} | {execs_each} | 0 | | | {errors} |", errors
+    return f"| {sandboxes} | {execs_each} | {rate:.0f} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f} | {errors} |", errors
 
 
 def main() -> None:
@@ -101,17 +108,20 @@ def main() -> None:
     parser.add_argument("--backend", choices=["docker", "local"], default="docker")
     parser.add_argument("--runtime", choices=["runc", "runsc"], default="runc", help="OCI runtime (Docker backend; runsc = gVisor)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    parser.add_argument("--tiny", action="store_true", help="2 of each, 2 sandboxes at once: every path and check, in seconds (CI)")
     args = parser.parse_args()
     global SPEC
     SPEC = DockerSpec(runtime=args.runtime) if args.backend == "docker" else LocalSpec()
-    n = 20 if args.quick else 200
+    n = 4 if args.tiny else 20 if args.quick else 200
+    starts, checkouts = (2, 2) if args.tiny else (max(10, n // 10), max(10, n // 5))
+    concurrent, execs_each = ((2,), 2) if args.tiny else ((32, 64), 5 if args.quick else 20)
     payload = bytes(range(256)) * 400  # 100 KiB
 
     print(f"backend: {args.backend}, runtime: {args.runtime}")
     print("| measurement | p50 ms | p99 ms | n | exec_run p50 ms | exec_run p99 ms | speed-up |")
     print("|---|---|---|---|---|---|---|")
-    print(row("cold start (create until first exec possible)", cold_start(args.backend, max(10, n // 10))))
-    print(row("warm checkout (pool of 4)", warm_checkout(args.backend, max(10, n // 5))))
+    print(row("cold start (create until first exec possible)", cold_start(args.backend, starts)))
+    print(row("warm checkout (pool of 4)", warm_checkout(args.backend, checkouts)))
 
     with open_sandbox(SPEC, args.backend) as sandbox:
         baseline_container = None
@@ -123,7 +133,7 @@ def main() -> None:
             ours = timed_ms(lambda: checked_exec(sandbox, command), repeat)
             baseline = None
             if baseline_container is not None:
-                baseline = timed_ms(lambda: baseline_container.exec_run(["bash", "-c", command]), repeat)
+                baseline = timed_ms(lambda: checked_exec_run(baseline_container, command), repeat)
             print(row(f"exec round trip `{command}`", ours, baseline))
 
         def write_then_read() -> None:
@@ -136,8 +146,13 @@ def main() -> None:
     print()
     print("| sandboxes | execs each | execs/s | p50 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|")
-    for sandboxes in (32, 64):
-        print(concurrency(args.backend, sandboxes, execs_each=5 if args.quick else 20))
+    errors = 0
+    for sandboxes in concurrent:
+        line, failed = concurrency(args.backend, sandboxes, execs_each)
+        print(line)
+        errors += failed
+    if errors:
+        raise SystemExit(f"{errors} execs under concurrency failed: the figures above are not the sandbox's")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Service latency: what the HTTP/WebSocket layer adds to a sandbox exec, reset time, and load.
 
-    python benchmarks/service_latency.py [--steps 300] [--resets 40] [--sessions 64] [--load-steps 50]
+    python benchmarks/service_latency.py [--steps 300] [--resets 40] [--sessions 64] [--load-steps 50] [--tiny]
 
 Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
 1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
@@ -8,6 +8,8 @@ Starts `coding-env serve` in a child process (Docker backend) and measures, in o
    the service overhead = step p50 - baseline p50;
 3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
 4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
+Every timed reply is checked: a refused or failed step, reset or exec fails the run. `--tiny`: a few
+of each, 2 sessions under load (CI's run).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import httpx
 import websockets
 import websockets.sync.client
 
-from samples import percentile, timed_ms
+from samples import checked_exec, checked_step, percentile, timed_ms
 from sandbox import SandboxSpec, open_sandbox
 from sandbox.docker_backend import OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
 
@@ -38,16 +40,7 @@ BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": 
 # An inline task with room for every step the benchmark takes (builtin tasks stop at 30).
 MAX_STEPS = 1000
 """The most steps a task allows (`TaskLimits.max_steps`); every timed step of one episode must fit in it."""
-WARM_UP = 20
 TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": MAX_STEPS}}}
-
-
-def checked(reply: dict) -> dict:
-    """A step's reply, or a loud failure: a benchmark that times error replies measures nothing."""
-    observation = reply.get("observation") or {}
-    if reply.get("done") or observation.get("error_kind") is not None:
-        raise RuntimeError(f"a timed step did not succeed: {json.dumps(reply)[:500]}")
-    return reply
 
 
 def report(name: str, samples_ms: list[float]) -> float:
@@ -98,13 +91,13 @@ def wait_pool(http: httpx.Client, ready: int) -> None:
     raise SystemExit("warm pool did not fill")
 
 
-def bench_baseline(steps: int) -> float:
+def bench_baseline(steps: int, warm_up: int) -> float:
     with open_sandbox(SandboxSpec()) as sandbox:
-        timed_ms(lambda: sandbox.exec("true"), 20)
-        return report("sandbox exec `true` (baseline)", timed_ms(lambda: sandbox.exec("true"), steps))
+        timed_ms(lambda: checked_exec(sandbox, "true"), warm_up)
+        return report("sandbox exec `true` (baseline)", timed_ms(lambda: checked_exec(sandbox, "true"), steps))
 
 
-def bench_websocket(address: str, steps: int) -> float:
+def bench_websocket(address: str, steps: int, warm_up: int) -> float:
     with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
         ws.send(json.dumps({"type": "reset", "data": TASK}))
         if json.loads(ws.recv())["type"] != "observation":
@@ -115,14 +108,14 @@ def bench_websocket(address: str, steps: int) -> float:
             frame = json.loads(ws.recv())
             if frame["type"] != "observation":
                 raise RuntimeError(f"a timed step was refused: {json.dumps(frame)[:500]}")
-            checked(frame["data"])
+            checked_step(frame["data"])
 
-        timed_ms(step, WARM_UP)
+        timed_ms(step, warm_up)
         return report("step `bash true` via WebSocket", timed_ms(step, steps))
 
 
-def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> float:
-    session_id = http.post("/sessions").json()["session_id"]
+def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_up: int) -> float:
+    session_id = http.post("/sessions").raise_for_status().json()["session_id"]
     http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
     # A keep-alive stdlib connection: a thin client, so the figure is the service's, not httpx's.
     host, port = address.split(":")
@@ -135,9 +128,9 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> flo
         answer = response.read()
         if response.status != 200:
             raise RuntimeError(f"a timed step answered {response.status}: {answer[:500]!r}")
-        checked(json.loads(answer))
+        checked_step(json.loads(answer))
 
-    timed_ms(step, WARM_UP)
+    timed_ms(step, warm_up)
     p50 = report("step `bash true` via HTTP session", timed_ms(step, steps))
     connection.close()
     reset_samples = []
@@ -147,21 +140,23 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int) -> flo
         http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
         reset_samples.append((time.perf_counter() - start) * 1000)
     report("reset from the warm pool (HTTP)", reset_samples)
-    http.delete(f"/sessions/{session_id}")
+    http.delete(f"/sessions/{session_id}").raise_for_status()
     return p50
 
 
 async def bench_load(address: str, sessions: int, steps: int) -> None:
     latencies: list[float] = []
     errors = 0
+    first_error = ""
     all_reset = asyncio.Barrier(sessions + 1)
     go = asyncio.Event()
 
     async def one_session() -> None:
-        nonlocal errors
+        nonlocal errors, first_error
         async with websockets.connect(f"ws://{address}/ws", open_timeout=120, ping_timeout=None) as ws:
             await ws.send(json.dumps({"type": "reset", "data": TASK}))
-            await ws.recv()
+            if json.loads(await ws.recv())["type"] != "observation":
+                raise RuntimeError("a WebSocket reset under load was refused")
             await all_reset.wait()
             await go.wait()
             for _ in range(steps):
@@ -169,8 +164,13 @@ async def bench_load(address: str, sessions: int, steps: int) -> None:
                 await ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
                 reply = json.loads(await ws.recv())
                 latencies.append((time.perf_counter() - start) * 1000)
-                if reply["type"] != "observation" or reply["data"]["observation"]["error_kind"] is not None:
+                try:
+                    if reply["type"] != "observation":
+                        raise RuntimeError(f"a step under load was refused: {json.dumps(reply)[:500]}")
+                    checked_step(reply["data"])
+                except RuntimeError as error:  # counted, and the run fails after the figures
                     errors += 1
+                    first_error = first_error or str(error)
 
     tasks = [asyncio.create_task(one_session()) for _ in range(sessions)]
     await all_reset.wait()
@@ -179,12 +179,13 @@ async def bench_load(address: str, sessions: int, steps: int) -> None:
     results = await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = time.perf_counter() - start
     errors += sum(isinstance(r, BaseException) for r in results)
+    first_error = first_error or next((repr(r) for r in results if isinstance(r, BaseException)), "")
     print(
         f"{sessions} sessions x {steps} steps (WebSocket): {len(latencies) / elapsed:7.1f} steps/s  "
         f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 0.99):.1f} ms  errors={errors}"
     )
     if errors:
-        raise SystemExit(f"{errors} of {sessions * steps} steps under load failed: the figures above are not the service's")
+        raise SystemExit(f"{errors} of {sessions * steps} steps under load failed (the first: {first_error}): the figures above are not the service's")
 
 
 def main() -> None:
@@ -194,17 +195,21 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--load-steps", type=int, default=50)
     parser.add_argument("--pool-size", type=int, default=8)
+    parser.add_argument("--warm-up", type=int, default=20, help="untimed steps (and execs) before each timed series")
+    parser.add_argument("--tiny", action="store_true", help="a few of each, 2 sessions under load: every path and check, in seconds")
     args = parser.parse_args()
-    if args.steps + WARM_UP > MAX_STEPS:
-        parser.error(f"--steps: at most {MAX_STEPS - WARM_UP} (one episode takes them all, and a task allows {MAX_STEPS})")
+    if args.tiny:
+        args.steps, args.resets, args.sessions, args.load_steps, args.pool_size, args.warm_up = 3, 2, 2, 2, 2, 2
+    if args.steps + args.warm_up > MAX_STEPS:
+        parser.error(f"--steps: at most {MAX_STEPS - args.warm_up} (one episode takes them all, and a task allows {MAX_STEPS})")
 
     process, address = start_service(args.pool_size, max(args.sessions, 8))
     try:
         with httpx.Client(base_url=f"http://{address}", timeout=300) as http:
             wait_pool(http, args.pool_size)
-            baseline = bench_baseline(args.steps)
-            ws_p50 = bench_websocket(address, args.steps)
-            http_p50 = bench_http(http, address, args.steps, args.resets)
+            baseline = bench_baseline(args.steps, args.warm_up)
+            ws_p50 = bench_websocket(address, args.steps, args.warm_up)
+            http_p50 = bench_http(http, address, args.steps, args.resets, args.warm_up)
             print(f"service overhead over raw exec (p50): WebSocket {ws_p50 - baseline:+.2f} ms "
                   f"({ws_p50 / baseline:.2f}x), HTTP {http_p50 - baseline:+.2f} ms ({http_p50 / baseline:.2f}x)")
         if args.sessions:
