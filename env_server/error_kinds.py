@@ -1,14 +1,17 @@
-"""Classification of tool outcomes into the closed `ErrorKind` enum.
+"""Classification of tool outcomes into the closed `ErrorKind` enum: the one place that decides a
+kind from what happened (a command's result, a file operation's errno, a sandbox's death), which
+kinds are the service's own messages, and when a kind repeats into `repeated_failure`.
 
 The rules are ordered, first match wins; docs/api.md ("Error kinds") states them for clients.
 """
 
 from __future__ import annotations
 
+import errno
 import re
 
 from env_server.models import ErrorKind
-from sandbox.base import ExecResult
+from sandbox.base import ExecResult, SandboxError
 
 REPEAT_THRESHOLD = 3
 """The same kind this many times in a row is reported as `repeated_failure`."""
@@ -39,6 +42,32 @@ def classify_exec(result: ExecResult, *, tests_expected: bool = False) -> ErrorK
     if _NO_SUCH_FILE.search(result.stderr):
         return ErrorKind.FILE_NOT_FOUND
     return ErrorKind.NONZERO_EXIT
+
+
+_ERRNO_KINDS = {
+    errno.ENOENT: ErrorKind.FILE_NOT_FOUND,
+    errno.ENOTDIR: ErrorKind.FILE_NOT_FOUND,
+    errno.EACCES: ErrorKind.PERMISSION_DENIED,
+    errno.EPERM: ErrorKind.PERMISSION_DENIED,
+    errno.EROFS: ErrorKind.PERMISSION_DENIED,
+}
+
+
+def classify_os_error(exc: OSError) -> ErrorKind:
+    """Kind of a file operation's failure, from its errno (anything unlisted: the tool failed)."""
+    return _ERRNO_KINDS.get(exc.errno, ErrorKind.RUNTIME_ERROR)
+
+
+def classify_sandbox_death(exc: SandboxError) -> ErrorKind:
+    """Kind of the failure that killed the agent's sandbox, from its typed cause: memory exhausted
+    by what ran in it, else the sandbox failed."""
+    return ErrorKind.OOM if exc.oom_killed else ErrorKind.SANDBOX_ERROR
+
+
+RAW_TEXT_KINDS = frozenset(
+    {ErrorKind.TOOL_NOT_FOUND, ErrorKind.JSON_DECODE, ErrorKind.TYPE_ERROR, ErrorKind.RUNTIME_ERROR, ErrorKind.TOO_MANY_CALLS}
+)
+"""Kinds whose error message comes from the service itself and is short and exact."""
 
 
 class FailureStreak:

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from env_server.error_kinds import RAW_TEXT_KINDS
 from env_server.models import ErrorKind
 from env_server.settings import HintSettings
 
@@ -52,11 +53,6 @@ TEMPLATES: dict[ErrorKind, str] = {
     ErrorKind.TOO_MANY_CALLS: "Only the first calls of a message run. Make fewer tool calls per message, and send the ones that did not run in your next message.",
     ErrorKind.GRADING_ERROR: "Your workspace could not be graded (unreadable files, a folder where a file belongs, or too much data), so it scored 0. Keep the workspace readable and small.",
 }
-
-RAW_TEXT_KINDS = frozenset(
-    {ErrorKind.TOOL_NOT_FOUND, ErrorKind.JSON_DECODE, ErrorKind.TYPE_ERROR, ErrorKind.RUNTIME_ERROR, ErrorKind.TOO_MANY_CALLS}
-)
-"""Kinds whose error message comes from the service itself and is short and exact."""
 
 JUDGE_SYSTEM_PROMPT = (
     "You coach an autonomous coding agent. Given the task, the tool call it made and the error it got, "

@@ -2,7 +2,7 @@
 
 Plain pydantic only: the trainer client imports this module without pulling in the server's
 dependencies (FastAPI, Docker, openenv). The server layers openenv's base classes on top of
-these field sets (see `env_server/environment.py`).
+these field sets (`env_server/openenv_models.py`).
 """
 
 from __future__ import annotations

@@ -24,11 +24,12 @@ from openenv.core.env_server.types import Observation
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection, Request
 
-from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, CodingObservation, CodingResetObservation
+from env_server.environment import CodingEnvironment
 from env_server.grading.grader import prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.models import ApiErrorCode, ForkRequestBody, ResetRequestBody, SessionsForked
+from env_server.openenv_models import ACTIONS, AnyAction, CodingObservation, CodingResetObservation
 from env_server.replicas import REPLICA_LABEL
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session, SessionManager

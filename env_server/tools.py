@@ -8,7 +8,6 @@ are not the agent's: the environment passes them (`submit` gets the episode's mo
 
 from __future__ import annotations
 
-import errno
 import inspect
 import shlex
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from env_server.error_kinds import classify_exec
+from env_server.error_kinds import classify_exec, classify_os_error
 from env_server.grading.grader import GradeResult, GradingConfig, grade
 from env_server.models import ErrorKind, MonitorFlag, TaskSpec
 from sandbox import ExecResult, Sandbox
@@ -141,18 +140,8 @@ def _python_syntax_error(path: str, content: str) -> str | None:
     return None
 
 
-_FILE_ERRNO_KINDS = {
-    errno.ENOENT: ErrorKind.FILE_NOT_FOUND,
-    errno.ENOTDIR: ErrorKind.FILE_NOT_FOUND,
-    errno.EACCES: ErrorKind.PERMISSION_DENIED,
-    errno.EPERM: ErrorKind.PERMISSION_DENIED,
-    errno.EROFS: ErrorKind.PERMISSION_DENIED,
-}
-
-
 def _file_error(path: str, exc: OSError) -> ToolOutcome:
-    kind = _FILE_ERRNO_KINDS.get(exc.errno, ErrorKind.RUNTIME_ERROR)
-    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=kind)
+    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=classify_os_error(exc))
 
 
 def _capped(text: str, cap: int) -> ToolOutcome:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, Field
 
 
@@ -35,6 +37,20 @@ class ExecResult(BaseModel):
 
 class SandboxError(RuntimeError):
     """The sandbox infrastructure failed (not the command): dead container, broken channel."""
+
+    def __init__(self, message: str, *, oom_killed: bool = False) -> None:
+        super().__init__(message)
+        self.oom_killed = oom_killed
+        """The cause, where the backend knows it: the kernel's OOM killer ended the sandbox (so what
+        ran in it exhausted its memory), as `ExecResult.oom_killed` says of one command."""
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """Why a sandbox's channel died, as its backend found out: the text for people, the cause typed."""
+
+    detail: str
+    oom_killed: bool = False
 
 
 class ArchiveTooLarge(SandboxError):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from sandbox.base import ArchiveTooLarge, FileTooLarge, SandboxError, SealingUnavailable
+from sandbox.base import ArchiveTooLarge, FailureReport, FileTooLarge, SandboxError, SealingUnavailable
 
 KEY_BYTES = 32
 MAC_BYTES = 16
@@ -43,7 +43,7 @@ def reply_mac(key: bytes, body: bytes) -> bytes:
 class SupervisorChannel:
     """A request/reply client of one supervisor; thread-safe, replies matched by id."""
 
-    def __init__(self, read_chunk: Callable[[], bytes], write: Callable[[bytes], None], describe_failure: Callable[[], str]):
+    def __init__(self, read_chunk: Callable[[], bytes], write: Callable[[bytes], None], describe_failure: Callable[[], FailureReport]):
         """`read_chunk` returns b"" at end of stream; `describe_failure` explains a dead channel."""
         self._write = write
         self._describe_failure = describe_failure
@@ -53,13 +53,14 @@ class SupervisorChannel:
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._closed_reason: str | None = None
+        self._closed: SandboxError | None = None
+        """Why the channel died; each request after that raises a copy (one traceback each)."""
         self._reader = threading.Thread(target=self._read_replies, args=(read_chunk,), name="supervisor-reader", daemon=True)
         self._reader.start()
 
     @property
     def is_open(self) -> bool:
-        return self._closed_reason is None
+        return self._closed is None
 
     def send_raw(self, data: bytes) -> None:
         """Write bytes that are not a request (the supervisor's source and key at start-up)."""
@@ -75,8 +76,8 @@ class SupervisorChannel:
         """
         future: Future[dict[str, Any]] = Future()
         with self._lock:
-            if self._closed_reason is not None:
-                raise SandboxError(self._closed_reason)
+            if self._closed is not None:
+                raise self._closed_error()
             request_id = next(self._ids)
             self._pending[request_id] = future
         header = {"id": request_id, "op": op, **params, **({"payload_bytes": len(payload)} if payload else {})}
@@ -145,14 +146,18 @@ class SupervisorChannel:
 
     def _fail(self, reason: str) -> None:
         with self._lock:
-            if self._closed_reason is not None:
+            if self._closed is not None:
                 return
-            detail = self._describe_failure()
-            self._closed_reason = f"{reason}{': ' + detail if detail else ''}"
+            report = self._describe_failure()
+            self._closed = SandboxError(f"{reason}{': ' + report.detail if report.detail else ''}", oom_killed=report.oom_killed)
             pending = list(self._pending.values())
         for future in pending:
             if not future.done():
-                future.set_exception(SandboxError(self._closed_reason))
+                future.set_exception(self._closed_error())
+
+    def _closed_error(self) -> SandboxError:
+        assert self._closed is not None
+        return SandboxError(str(self._closed), oom_killed=self._closed.oom_killed)
 
 
 _NAMED_ERRORS: dict[str, type[SandboxError]] = {cls.__name__: cls for cls in (ArchiveTooLarge, FileTooLarge, SealingUnavailable)}

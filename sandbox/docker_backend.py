@@ -25,7 +25,7 @@ import requests
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import STDOUT, frames_iter
 
-from sandbox.base import SandboxError
+from sandbox.base import FailureReport, SandboxError
 from sandbox.channel import SupervisorChannel
 from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import DockerSpec
@@ -172,14 +172,16 @@ class DockerDeployment(Deployment):
         while True:
             yield b""
 
-    def _describe_failure(self) -> str:
+    def _describe_failure(self) -> FailureReport:
         if self._container_id is None:
-            return "sandbox was closed"
+            return FailureReport("sandbox was closed")
         details = []
+        oom_killed = False
         try:
             state = self._api.inspect_container(self._container_id)["State"]
             details.append(f"container status {state['Status']}, exit code {state['ExitCode']}")
             if state["OOMKilled"]:
+                oom_killed = True
                 details.append("killed by the OOM killer")
         except docker.errors.NotFound:
             details.append("container is gone")
@@ -188,7 +190,7 @@ class DockerDeployment(Deployment):
         stderr = b"".join(self._stderr_tail).decode(errors="replace").strip()
         if stderr:
             details.append(f"supervisor stderr: {stderr[-2000:]}")
-        return "; ".join(details)
+        return FailureReport("; ".join(details), oom_killed=oom_killed)
 
     def stop(self) -> None:
         container_id, self._container_id = self._container_id, None

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
-from sandbox.base import SandboxError
+from sandbox.base import FailureReport, SandboxError
 from sandbox.channel import SupervisorChannel
 from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import LocalSpec
@@ -166,14 +166,15 @@ class LocalDeployment(Deployment):
         self._process.stdin.write(data)
         self._process.stdin.flush()
 
-    def _describe_failure(self) -> str:
+    def _describe_failure(self) -> FailureReport:
         if self._process is None or self._stderr is None or self._stderr.closed:
-            return "sandbox was closed"
+            return FailureReport("sandbox was closed")
         code = self._process.poll()
         self._stderr.seek(0, os.SEEK_END)
         self._stderr.seek(max(0, self._stderr.tell() - 2000))
         stderr = self._stderr.read().decode(errors="replace").strip()
-        return "; ".join(part for part in (f"bwrap exited with {code}" if code is not None else "", stderr) if part)
+        # A memory limit breach here is an allocation failure inside the sandbox, never an OOM kill.
+        return FailureReport("; ".join(part for part in (f"bwrap exited with {code}" if code is not None else "", stderr) if part))
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -1,7 +1,7 @@
 """The service as an OpenEnv environment: `CodingEnv`, OpenEnv's `EnvClient` typed with the
 service's own action, observation and state classes, the ones its `/schema` publishes.
 
-    from env_server.environment import CallToolStep
+    from env_server.openenv_models import CallToolStep
     from trainer_client.openenv_client import CodingEnv
 
     with CodingEnv(base_url="http://127.0.0.1:8000").sync() as env:
@@ -28,7 +28,7 @@ from openenv.core.env_client import EnvClient
 from openenv.core.env_server.mcp_types import ListToolsObservation
 from pydantic import TypeAdapter
 
-from env_server.environment import AnyAction, CodingObservation, CodingResetObservation, CodingState
+from env_server.openenv_models import AnyAction, CodingObservation, CodingResetObservation, CodingState
 from trainer_client.service_container import ServiceContainer
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from openenv.core.env_server.types import (
 )
 from pydantic import Field
 
-from env_server.environment import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage
+from env_server.openenv_models import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.package_docs import with_absolute_links
 from env_server.service import request_gone, service_of
 from env_server.service_errors import ServiceError

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.types import ResetResponse, StepResponse
 
-from env_server.environment import CodingState
 from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import EpisodeRecord, ForkRequestBody, ResetRequestBody, SessionCreated, SessionsForked
+from env_server.openenv_models import CodingState
 from env_server.routes.http import StepBody
 from env_server.service import request_gone, service_of
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sandbox import ArchiveTooLarge, SandboxError
+from sandbox.base import FailureReport
 from sandbox.channel import SupervisorChannel, reply_mac
 
 REPLY_TIMEOUT_S = 30.0  # only reached if the channel lost a reply: the tests never wait for it
@@ -24,7 +25,7 @@ class FakeSupervisor:
         self.requests: queue.Queue[dict[str, Any]] = queue.Queue()
         self.payloads: queue.Queue[bytes] = queue.Queue()
         self._payload_left = 0
-        self.channel = SupervisorChannel(self.lines.get, self._write, lambda: "")
+        self.channel = SupervisorChannel(self.lines.get, self._write, lambda: FailureReport(""))
         self.callers = ThreadPoolExecutor(4)
 
     def _write(self, data: bytes) -> None:

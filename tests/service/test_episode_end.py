@@ -13,9 +13,10 @@ import docker
 import httpx
 import pytest
 
-from env_server.environment import ACTIONS, AnyAction, CodingEnvironment, prompt_footer
+from env_server.environment import CodingEnvironment, prompt_footer
 from env_server.grading.grader import GRADE_COMMAND
 from env_server.hints import HintGenerator
+from env_server.openenv_models import ACTIONS, AnyAction
 from env_server.settings import HintSettings
 from env_server.tools import TOOLS
 from sandbox import Sandbox, SandboxSpec, open_sandbox

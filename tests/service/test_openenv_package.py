@@ -18,7 +18,7 @@ import yaml
 from openenv.core.env_server.mcp_types import ListToolsObservation
 from openenv.validation import Level, Verdict, run_validation
 
-from env_server.environment import (
+from env_server.openenv_models import (
     AssistantMessageStep,
     CallToolStep,
     CodingObservation,

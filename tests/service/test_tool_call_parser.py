@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from env_server.environment import TOOL_PARAMETERS
+from env_server.call_runner import TOOL_PARAMETERS
 from env_server.tool_call_parser import ParsedCall, ToolCallParseError, parse_tool_calls
 from env_server.tools import TOOLS
 

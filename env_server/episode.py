@@ -1,0 +1,150 @@
+"""One episode of a session: its workspace and record, the state that carries from step to step,
+and how it ends and is recorded (docs/decisions/118-episode-viewer.md).
+
+The record is written here and nowhere else: a step is appended as it goes out; the ending, the
+grade's counts and the monitor's flags (withheld from every observation until then) when the
+episode ends; it goes to the episode log once, after the judge's late hints have landed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_server.error_kinds import FailureStreak
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, EpisodeEnding, EpisodeRecord, MonitorFlag, TaskSpec, ToolResult, TrajectoryStep
+from env_server.tools import TOOLS, ToolOutcome, Workspace
+from env_server.trajectories import EpisodeLog
+from sandbox import Sandbox
+
+
+@dataclass
+class Episode:
+    """A session's current episode: the workspace it acts on, its record, and what reset set."""
+
+    workspace: Workspace
+    record: EpisodeRecord
+    show_hints: bool
+    log: EpisodeLog | None = None
+    """Where the ended record goes (the service's log; None: nowhere)."""
+    tool_call_format: str | None = None
+    """The parser family pinned at reset; None: detected per message."""
+    max_calls_per_step: int = DEFAULT_MAX_CALLS_PER_STEP
+    """Calls of one action that run; the rest are answered `too_many_calls`."""
+    tools: tuple[str, ...] = tuple(TOOLS)
+    """The tools the episode may call (set at reset); a call to another is `tool_not_found`."""
+    monitor_flags: list[MonitorFlag] = field(default_factory=list)
+    """Every flag raised in the episode so far, sorted: the monitor's on each call, then the grader's."""
+    withheld_flags: list[list[list[MonitorFlag]]] = field(default_factory=list)
+    """Per step, per call: the monitor's flags, kept out of every observation and of the record
+    until the episode is done (a flag on a probe would confirm a hidden file's name); `_end`
+    writes them into the record."""
+    streak: FailureStreak = field(default_factory=FailureStreak)
+    done: bool = False
+    reward: float | None = None
+    late_hints: list[Future[None]] = field(default_factory=list)
+    """One per judge answer still on its way; done once the answer is in the record."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Orders the judge's threads against the session's around `done` and `late_hints`."""
+
+    @property
+    def task(self) -> TaskSpec:
+        return self.workspace.task
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self.workspace.sandbox
+
+    @property
+    def calls_used(self) -> int:
+        """Calls run so far, each counted against the task's `max_steps` (read from the record, so
+        anything that copies the record copies the count)."""
+        return sum(step.observation.calls_run for step in self.record.steps)
+
+    def raise_flags(self, flags: Iterable[MonitorFlag]) -> None:
+        self.monitor_flags = sorted({*self.monitor_flags, *flags})
+
+    def record_step(self, action: dict[str, Any], result: ToolResult, outcome: ToolOutcome, *, started_at: float) -> None:
+        """Append the step that just went out to the record."""
+        first = result.calls[0]
+        self.record.steps.append(
+            TrajectoryStep(
+                index=len(self.record.steps),
+                action=action,
+                parsed_call=first.model_dump(include={"tool_name", "arguments"}) if first.arguments is not None else None,
+                observation=result,
+                reward=outcome.reward,
+                done=outcome.done,
+                started_at=started_at,
+                monitor_flags=result.step_monitor_flags,
+            )
+        )
+
+    def finish(self, outcome: ToolOutcome) -> None:
+        """The step with `outcome` ended the episode: its reward and grade go into the record."""
+        self.reward = outcome.reward
+        self.record.reward = outcome.reward
+        if outcome.grade is not None:
+            self.record.tests_passed, self.record.tests_total = outcome.grade.tests_passed, outcome.grade.tests_total
+        self._end(ending(outcome))
+
+    def leave(self, ending: EpisodeEnding) -> None:
+        """The client left the episode before it ended (a reset onto another, the session closed):
+        recorded as `ending`, ungraded, when it took at least one step (one that took none has
+        nothing to read, and every stateless `/reset` makes one)."""
+        if not self.done and self.record.steps:
+            self._end(ending)
+
+    def expect_late_hint(self) -> Future[None]:
+        """A judge's answer is on its way: the record is logged only once it is in (`hint_landed`)."""
+        landed: Future[None] = Future()
+        self.late_hints.append(landed)
+        return landed
+
+    def hint_landed(self, landed: Future[None]) -> None:
+        # Logged under the lock: `settle` reads `late_hints` under it too, so once it sees none
+        # pending, the episode's log line is already written.
+        with self.lock:
+            self.late_hints.remove(landed)
+            if self.done and not self.late_hints:
+                self._log()
+        landed.set_result(None)
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the late hints on their way, so the record shows them."""
+        with self.lock:
+            pending = list(self.late_hints)
+        if pending:
+            wait_for_futures(pending, timeout=timeout_s)
+
+    def _end(self, ending: EpisodeEnding) -> None:
+        """The record completed (its ending, the monitor's flags, withheld until now) and logged once
+        the judge's late hints have landed."""
+        record = self.record
+        record.ended_at = time.time()
+        record.ending = ending
+        record.monitor_flags = list(self.monitor_flags)
+        for step, calls in zip(record.steps, self.withheld_flags):
+            for call, flags in zip(step.observation.calls, calls):
+                call.monitor_flags = flags
+            step.monitor_flags = step.observation.step_monitor_flags = sorted({flag for flags in calls for flag in flags})
+        with self.lock:
+            self.done = True
+            if not self.late_hints:
+                self._log()
+
+    def _log(self) -> None:
+        if self.log is not None:
+            self.log.append(self.record)
+
+
+def ending(outcome: ToolOutcome) -> EpisodeEnding:
+    """How a step that ended the episode ended it."""
+    if outcome.end is not None:
+        return EpisodeEnding.ABORTED if outcome.end.aborted else EpisodeEnding.FAILED
+    return EpisodeEnding.STEP_LIMIT if outcome.step_limit_reached else EpisodeEnding.SUBMITTED

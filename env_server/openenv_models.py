@@ -1,0 +1,45 @@
+"""The wire types as OpenEnv sees them: OpenEnv's action, observation and state base classes layered
+over the field sets of `env_server.models`, so each field is declared once.
+
+Clients import these (`trainer_client.openenv_client`) with the `[openenv]` extra only: this module
+needs openenv and pydantic, never the server's runtime (sandbox, grading, FastAPI).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from openenv.core.env_server.mcp_types import CallToolObservation
+from openenv.core.env_server.types import Action, Observation, State
+from pydantic import Field, TypeAdapter
+
+from env_server.models import AssistantMessageAction, EpisodeState, ListToolsAction, ResetInfo, ToolCallAction, ToolResult
+
+
+class ListToolsStep(Action, ListToolsAction):
+    """`{"type": "list_tools"}`."""
+
+
+class CallToolStep(Action, ToolCallAction):
+    """`{"type": "call_tool", "tool_name": ..., "arguments": {...} | "<json text>"}`."""
+
+
+class AssistantMessageStep(Action, AssistantMessageAction):
+    """`{"type": "assistant_message", "content": "<the model's whole message>"}`."""
+
+
+AnyAction = ListToolsStep | CallToolStep | AssistantMessageStep
+ACTIONS: TypeAdapter[AnyAction] = TypeAdapter(Annotated[AnyAction, Field(discriminator="type")])
+"""Validates an action dict (dispatching on `type`) and publishes the action JSON schema."""
+
+
+class CodingObservation(CallToolObservation, ToolResult):
+    """A step's observation: OpenEnv's `CallToolObservation` plus the typed `ToolResult` fields."""
+
+
+class CodingResetObservation(Observation, ResetInfo):
+    """Reset's observation: the task statement, the tool schemas and the step budget."""
+
+
+class CodingState(State, EpisodeState):
+    """OpenEnv's state (episode_id; step_count: the calls counted against `max_steps`) plus the episode's task and outcome."""
