@@ -1,13 +1,15 @@
 """A burst of clients against the session cap: the admission queue instead of 503s.
 
-    python benchmarks/burst.py [--clients 256] [--max-sessions 32] [--steps 3] [--admission-timeout-s 1800]
+    python benchmarks/burst.py [--clients 256] [--max-sessions 32] [--steps 3] [--admission-timeout-s 1800] [--tiny]
 
 Starts `coding-env serve` (Docker backend, real sandboxes) with `--max-sessions`, then lets
 `--clients` clients arrive at once over HTTP sessions. Each runs a short episode: open a session
 (this is where it queues), reset onto `builtin/fizzbuzz`, `--steps` bash steps, close. Reports
 completed episodes, errors by kind, the admission wait (time to `201` of `POST /sessions`,
 p50/p99), total time, and leaked containers: the service's own (by its owner label) after every
-episode closed, and after the service stopped (must be 0).
+episode closed, and after the service stopped (must be 0). A refused or failed request, an episode
+left incomplete or a leaked container fails the run after the report. `--tiny`: 3 clients against a
+cap of 2 (CI's run).
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pool-size", type=int, default=4)
     parser.add_argument("--admission-timeout-s", type=float, default=1800)
+    parser.add_argument("--tiny", action="store_true", help="3 clients, a cap of 2, 1 step each: every path and check, in seconds")
     args = parser.parse_args()
+    if args.tiny:
+        args.clients, args.max_sessions, args.steps, args.pool_size = 3, 2, 1, 1
 
     process, address = start_service(
         args.pool_size, args.max_sessions, CODING_ENV_ADMISSION_TIMEOUT_S=str(args.admission_timeout_s), CODING_ENV_GRADING_POOL_SIZE="0"
@@ -105,6 +110,8 @@ def main() -> None:
         print(f"admission wait   p50={percentile(waits, 0.5):.2f} s  p99={percentile(waits, 0.99):.2f} s  max={max(waits):.2f} s")
     print(f"server side      {server_waits:.0f} admissions observed; sessions left open: {left_open:.0f}")
     print(f"containers       {during} after the burst (warm pool), {leaked} after the service stopped (leaked)")
+    if errors or completed < args.clients or leaked:
+        raise SystemExit(f"burst failed: {args.clients - completed} episodes incomplete, errors {dict(errors)}, {leaked} containers leaked")
 
 
 if __name__ == "__main__":
