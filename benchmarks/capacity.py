@@ -1,6 +1,6 @@
 """Capacity model inputs: what one session costs a host, and how fast the engine starts sandboxes.
 
-    python benchmarks/capacity.py [--sessions 32] [--rounds 2] [--test-concurrency 4] [--starts 16] [--concurrency 1,4,8]
+    python benchmarks/capacity.py [--sessions 32] [--rounds 2] [--test-concurrency 4] [--starts 16] [--concurrency 1,4,8] [--tiny]
 
 Starts `coding-env serve` in a child process (Docker backend, no warm pools, so every figure is
 the sessions' own) and measures, in one run:
@@ -20,7 +20,9 @@ the sessions' own) and measures, in one run:
 The engine is shared with whatever else runs on the host: its whole CPU over a phase counts in the
 totals (an upper bound), and its CPU net of its rate in an idle window just before the phase is
 printed beside it (noisy, even negative, when other jobs use the engine in bursts). CPU time does
-not depend on the machine's load; wall times and start rates do.
+not depend on the machine's load; wall times and start rates do. Every request must succeed and every
+step come back without an error kind (the kinds are printed, then an error fails the run). `--tiny`:
+2 sessions, one round, one start, short idle windows (CI's run).
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ async def run_steps(address: str, session_ids: list[str], steps: list[tuple[str,
                 for tool_name, arguments in steps:
                     action = {"type": "call_tool", "tool_name": tool_name, "arguments": arguments}
                     reply = (await http.post(f"/sessions/{session_id}/step", json={"action": action})).raise_for_status().json()
-                    kinds[reply["observation"]["error_kind"] or "none"] += 1
+                    kinds[reply["observation"]["error_kind"] or "none"] += 1  # errors fail the run after the figures
 
         await asyncio.gather(*(play(session_id) for session_id in session_ids))
     return kinds
@@ -240,7 +242,8 @@ async def run_steps(address: str, session_ids: list[str], steps: list[tuple[str,
 
 async def close_sessions(address: str, session_ids: list[str]) -> None:
     async with http_client(address, 8) as http:
-        await asyncio.gather(*(http.delete(f"/sessions/{session_id}") for session_id in session_ids))
+        for closed in await asyncio.gather(*(http.delete(f"/sessions/{session_id}") for session_id in session_ids)):
+            closed.raise_for_status()
 
 
 def per(value: float, count: int) -> str:
@@ -254,7 +257,7 @@ def print_cpu(name: str, split: CpuSplit, count: int) -> None:
     )
 
 
-def bench_sessions(sessions: int, rounds: int, test_concurrency: int, idle_window_s: float, idle_s: float = 10.0) -> None:
+def bench_sessions(sessions: int, rounds: int, test_concurrency: int, idle_window_s: float, idle_s: float) -> None:
     process, address = start_service(0, sessions + 8, CODING_ENV_GRADING_POOL_SIZE="0")
     pid = process.pid
     half = sessions // 2
@@ -301,6 +304,8 @@ def bench_sessions(sessions: int, rounds: int, test_concurrency: int, idle_windo
     print(f"sandbox idle         usage p50 {statistics.median(u for u, _ in idle):.1f} MiB (max {max(u for u, _ in idle):.1f}), processes' anon p50 {statistics.median(a for _, a in idle):.1f} MiB")
     print(f"sandbox busy         usage after the mix p50 {statistics.median(u for u, _ in busy):.1f} MiB, peak p50 {statistics.median(p for _, p in busy):.1f} MiB (max {max(p for _, p in busy):.1f})")
     print(f"containers left by the service after it stopped: {len(ids())}")
+    if set(kinds) != {"none"} or ids():
+        raise SystemExit(f"capacity failed: steps with error kinds {dict(kinds)}, {len(ids())} containers left: the figures above are not a session's")
 
 
 # --- the engine's start rate ------------------------------------------------------------------
@@ -343,8 +348,13 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=16)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--idle-window-s", type=float, default=5.0, help="length of the idle window that measures the engine's background rate")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="how long the idle sessions' CPU is measured")
+    parser.add_argument("--tiny", action="store_true", help="2 sessions, 1 round, 1 start, short windows: every path and check, in seconds")
     args = parser.parse_args()
-    bench_sessions(args.sessions, args.rounds, args.test_concurrency, args.idle_window_s)
+    if args.tiny:
+        args.sessions, args.rounds, args.test_concurrency, args.starts, args.concurrency = 2, 1, 1, 1, "1"
+        args.idle_window_s, args.idle_s = 0.2, 0.2
+    bench_sessions(args.sessions, args.rounds, args.test_concurrency, args.idle_window_s, args.idle_s)
     bench_starts(args.starts, [int(c) for c in args.concurrency.split(",")], args.idle_window_s)
 
 
