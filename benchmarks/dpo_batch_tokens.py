@@ -23,7 +23,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer_client.demos import service_tool_schemas  # noqa: E402
+from env_server.environment import TOOL_SCHEMAS  # noqa: E402
+from trainer_client.demos import prompt_tool_schemas  # noqa: E402
 from trainer_client.packing import common_prefix_length  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs  # noqa: E402
@@ -39,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else load_tool_tokenizer()
     pairs = load_preference_pairs(args.pairs)
-    tools = service_tool_schemas()
+    tools = prompt_tool_schemas(list(TOOL_SCHEMAS.values()))
     samplers = {
         grouped: PreferenceBatches(
             pairs, tokenizer, batch_size=args.batch_size, max_length=args.max_length, tools=tools,

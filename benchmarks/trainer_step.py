@@ -40,7 +40,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from samples import percentile  # noqa: E402
-from trainer_client.demos import service_tool_schemas  # noqa: E402
+from env_server.environment import TOOL_SCHEMAS  # noqa: E402
+from trainer_client.demos import prompt_tool_schemas  # noqa: E402
 from trainer_client.hint_sites import HintSite, HintTemplate  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402
 from trainer_client.records import PreferencePair  # noqa: E402
@@ -177,7 +178,7 @@ class Arm:
         self, name: str, p: dict[str, Any], model: PreTrainedModel, tokenizer: Any, device: torch.device, args: argparse.Namespace
     ) -> None:
         sdpo_weight, dpo_weight = ARMS[name]
-        tools = service_tool_schemas() if args.service_tools else None
+        tools = prompt_tool_schemas(list(TOOL_SCHEMAS.values())) if args.service_tools else None
         head = len(tokenizer.apply_chat_template([{"role": "system", "content": ""}], tools=tools, return_dict=False)) if tools else 0
         config = ComposerConfig(
             output_dir=f"/tmp/trainer_step/{name}", use_cpu=device.type == "cpu", bf16=p["dtype"] == "bfloat16",

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainer_client.client import ClientSettings
+from trainer_client.client import ClientSettings, CodingEnvClient
 from trainer_client.lora import LoraSettings
 from trainer_client.policy import PolicySpec
 from trainer_client.shipped_configs import find_config, input_path
 from trainer_client.task_rows import task_row
 
 if TYPE_CHECKING:
-    from env_server.tasks import TaskRegistry
     from trainer_client.demos import Demo
 
 
@@ -183,9 +182,15 @@ def _add_task_selection(parser: argparse.ArgumentParser, *, default_split: str) 
     )
 
 
-def select_task_ids(args: argparse.Namespace, registry: TaskRegistry) -> list[str]:
-    """Ids of a suite's split from the task registry installed here (the service serves the same suites)."""
-    ids = registry.ids(args.suite, split=None if args.split == "all" else args.split)
+def select_task_ids(args: argparse.Namespace, settings: ClientSettings) -> list[str]:
+    """Ids of a suite's split, as the service serves them (`GET /tasks`). The split is a hash of the id: the
+    one rule of the task set the trainer shares, imported, not repeated (decision 123)."""
+    from env_server.tasks.splits import split_of
+
+    with CodingEnvClient(settings) as client:
+        ids = client.task_ids(args.suite)
+    if args.split != "all":
+        ids = [task_id for task_id in ids if split_of(task_id) == args.split]
     if args.id_prefix:
         ids = [task_id for task_id in ids if task_id.startswith(args.id_prefix)]
     if args.shuffle:
@@ -194,15 +199,17 @@ def select_task_ids(args: argparse.Namespace, registry: TaskRegistry) -> list[st
 
 
 def make_demos(args: argparse.Namespace) -> int:
+    # The expert scripts need the tasks' reference solutions, which the service never hands out: read from the
+    # suites installed here (decision 123). Which tasks, the service says.
     from env_server.tasks import default_registry
     from trainer_client.demos import play_demos, write_demos
     from trainer_client.environment import environment_factory
 
     if args.split == "held_out":
         raise SystemExit("coding-train demos: demos are training data; held-out tasks are for evaluation only")
-    registry = default_registry()
-    tasks = [registry.get(task_id) for task_id in select_task_ids(args, registry)]
     settings = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
+    registry = default_registry()
+    tasks = [registry.get(task_id) for task_id in select_task_ids(args, settings)]
     demos = play_demos(
         tasks, environment_factory(settings), mistake_rate=args.mistake_rate, seed=args.seed, concurrency=args.concurrency
     )
@@ -236,12 +243,12 @@ def fine_tune(args: argparse.Namespace) -> int:
 def evaluate_policy(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from env_server.tasks import default_registry
     from trainer_client.environment import environment_factory
     from trainer_client.evaluation import EvalSettings, Evaluator, write_report
     from trainer_client.policy import load_policy
 
-    task_ids = select_task_ids(args, default_registry())
+    client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
+    task_ids = select_task_ids(args, client)
     settings = EvalSettings(
         n=args.n,
         temperature=args.temperature,
@@ -253,7 +260,6 @@ def evaluate_policy(args: argparse.Namespace) -> int:
     )
     model, tokenizer = load_policy(PolicySpec(name=args.model))
     model.eval()
-    client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
     started = time.perf_counter()
     with tqdm(total=len(task_ids) * args.n, desc="episodes", unit="ep") as bar:
         evaluator = Evaluator(model, tokenizer, environment_factory(client, grade_unsubmitted=False), settings, bar.update)

@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 import httpx
 import websockets
@@ -31,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
-from env_server.models import ApiErrorCode, ResetInfo, SessionsForked, ToolResult
+from env_server.models import (
+    ApiErrorCode,
+    ResetInfo,
+    SessionsForked,
+    TaskPage,
+    ToolResult,
+)
 from trainer_client.replica_choice import replica_choice
 
 
@@ -185,6 +192,9 @@ def _handshake_refusal(error: Exception) -> ClientError | None:
 
 _LIST_TOOLS = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
 _CONNECT_ERRORS = (httpx.TransportError, OSError, websockets.exceptions.InvalidHandshake)
+_TASK_PAGE = 1000
+"""Task ids per `GET /tasks` page (the route's largest)."""
+_Answer = TypeVar("_Answer")
 _LOST_CONNECTION_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, OSError, websockets.exceptions.ConnectionClosed)
 """A request on an open session failing with one of these: the connection to its replica broke
 (timeouts are not among them: a long step is not a lost session)."""
@@ -354,9 +364,28 @@ class CodingEnvClient(_SessionCore):
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The service's tools as OpenAI function schemas (needs no session; any replica answers)."""
+        return self._from_any_replica(lambda url: _function_schemas(_http_payload(self._http.post(url + "/mcp", json=_LIST_TOOLS))))
+
+    def task_ids(self, suite: str | None = None) -> list[str]:
+        """Every task id the service serves (one suite's, if given), in its order: `GET /tasks` page by page
+        (needs no session; any replica answers: all serve the same suites)."""
+
+        def pages(url: str) -> list[str]:
+            ids: list[str] = []
+            while True:
+                params = {"offset": len(ids), "limit": _TASK_PAGE, **({"suite": suite} if suite is not None else {})}
+                page = TaskPage.model_validate(_http_payload(self._http.get(url + "/tasks", params=params)))
+                ids.extend(page.task_ids)
+                if not page.task_ids or len(ids) >= page.total:
+                    return ids
+
+        return self._from_any_replica(pages)
+
+    def _from_any_replica(self, ask: Callable[[str], _Answer]) -> _Answer:
+        """`ask(base_url)` of the first replica that can be reached, for a request that needs no session."""
         for base_url in self._tools_urls():
             try:
-                return _function_schemas(_http_payload(self._http.post(base_url.rstrip("/") + "/mcp", json=_LIST_TOOLS)))
+                return ask(base_url.rstrip("/"))
             except _CONNECT_ERRORS as error:
                 last = error
         raise ClientError("unreachable", f"{', '.join(self.settings.urls)}: {last}") from last

@@ -34,8 +34,7 @@ from typing import Any, ClassVar
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trainer_client.hint_sites import environment_call
-
+from trainer_client.hint_sites import ToolCall, environment_call
 
 # ------------------------------------------------------------------ resets
 
@@ -115,9 +114,6 @@ class ConcurrentResets:
 # ------------------------------------------------------------------ tool rounds
 
 
-ToolCall = tuple[str, dict[str, Any]]
-
-
 class ToolRoundOutOfStep(RuntimeError):
     """TRL's loop asked for a call that was not dispatched for it (the mirrored rules no longer match TRL)."""
 
@@ -133,12 +129,17 @@ def _run_in_order(tools: Mapping[str, Callable[..., Any]], calls: Sequence[ToolC
     return outcomes
 
 
-def _begin_turn(environment: Any) -> None:
-    """Tell an environment that the calls from now on are one new assistant turn's, if it wants to
-    know (`TrlEnvironment` caps the calls of a turn; decision 031)."""
-    begin = getattr(environment, "_begin_turn", None)
-    if begin is not None:
-        begin()
+def _run_turn(environment: Any, tools: Mapping[str, Callable[..., Any]], calls: Sequence[ToolCall]) -> list[tuple[bool, Any]]:
+    """One assistant turn's calls, each call's `(succeeded, result or exception)`: handed over whole to an
+    environment that takes whole turns (`TrlEnvironment._run_turn`: one step of the service, which applies its
+    rules for several calls, the per-step cap among them; decision 031), else run in order (`_run_in_order`)."""
+    run_turn = getattr(environment, "_run_turn", None)
+    if run_turn is None:
+        return _run_in_order(tools, calls)
+    try:
+        return [(True, output) for output in run_turn(calls)]
+    except Exception as error:  # the step failed: every call of the turn reports it, as TRL would each
+        return [(False, error)] * len(calls)
 
 
 class ConcurrentToolRounds:
@@ -146,8 +147,8 @@ class ConcurrentToolRounds:
 
     Only environment methods go through here; standalone tools keep TRL's serial execution. Which
     calls reach an environment mirrors the loop exactly: function calls to one of the environment's
-    tools with arguments that unpack as keywords. Anything else TRL answers itself. Each rollout's
-    environment is told where each of its turns begins, so that it can cap a turn's calls.
+    tools with arguments that unpack as keywords. Anything else TRL answers itself. An environment that
+    takes whole turns gets each turn's calls at once (`_run_turn`).
 
     Args:
         completions: The loop's per-rollout completion messages (the same lists it appends to).
@@ -200,8 +201,7 @@ class ConcurrentToolRounds:
             calls = self._calls_to_run(rollout)
             if not calls:
                 continue
-            _begin_turn(self._environments[rollout])
-            future = self._executor.submit(_run_in_order, self._tools[rollout], calls)
+            future = self._executor.submit(_run_turn, self._environments[rollout], self._tools[rollout], calls)
             pending.extend((call, future, index) for index, call in enumerate(calls))
 
     def _answer(self, rollout: int, call: ToolCall) -> Any:
@@ -244,8 +244,8 @@ class ConcurrentRolloutTrainer(GRPOTrainer):
     """`GRPOTrainer` whose environments' resets and tool rounds run concurrently across rollouts.
 
     Changes nothing else. With both switches off the resets are TRL's own and each round's calls run
-    one after another, in TRL's order, still through the stand-ins: they mark where each assistant turn
-    begins, so the environments cap a turn's calls the same way in both modes (decision 031).
+    one after another, in TRL's order, still through the stand-ins: they hand each assistant turn's calls
+    over together, so a turn is one step of the service in both modes (decision 031).
     """
 
     config_class: ClassVar[type[ConcurrentRolloutConfig]] = ConcurrentRolloutConfig
@@ -289,8 +289,8 @@ class ConcurrentRolloutTrainer(GRPOTrainer):
             {name: tool for name, tool in tools.items() if getattr(tool, "__self__", None) is environment}
             for tools, environment in zip(serial_tools, self.environments, strict=True)
         ]
-        # Off, one worker runs the rollouts' calls one after another, in TRL's order: still through the
-        # stand-ins, which mark each turn's beginning so the environments cap a turn's calls alike.
+        # Off, one worker runs the rollouts' turns one after another, in TRL's order: still through the
+        # stand-ins, so that a turn is one step of the service in both modes.
         workers = len(completions) if self.args.concurrent_tool_calls else 1
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-round") as executor:
             rounds = ConcurrentToolRounds(completions, self.environments, environment_tools, executor)

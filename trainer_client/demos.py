@@ -137,12 +137,10 @@ def tool_schemas(environment: TrlEnvironment) -> list[dict[str, Any]]:
     return [get_json_schema(method) for method in environment_methods(environment)]
 
 
-def service_tool_schemas() -> list[dict[str, Any]]:
-    """The schemas a rollout's prompt carries for the service's whole tool set, with no service: the
-    environment is built from the service's own tool list and never called."""
-    from env_server.environment import TOOL_SCHEMAS
-
-    return tool_schemas(environment_class(list(TOOL_SCHEMAS.values()))(ClientSettings(base_url="http://127.0.0.1:9")))
+def prompt_tool_schemas(service_tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The schemas a rollout's prompt carries for the service's tools (`CodingEnvClient.list_tools`, or a
+    saved copy of them), with no service: the environment is built from them and never called."""
+    return tool_schemas(environment_class(service_tools)(ClientSettings(base_url="http://127.0.0.1:9")))
 
 
 def play_demo(environment: TrlEnvironment, task: TaskSpec, mistake: Mistake | None) -> Demo:

@@ -8,12 +8,14 @@ in training without a client change. Every call is recorded (`tool_calls`) with 
 hint: the trainer turns hinted errors into SDPO hint sites. The policy sees only the tool output,
 which carries a hint only when the session was reset with `show_hints`.
 
-Several calls in one assistant turn follow the service's rules for a message with several calls
-(decision 031): they run in order, a failed call does not stop the next, each counts against the
-task's `max_steps`, calls after the one that ended the episode do not run, and calls past
-`max_calls_per_turn` do not run and are answered `too_many_calls` with a hint. The cap needs to know
-where a turn begins: the trainer's tool loop says so (`_begin_turn`, called by
-`trainer_client.concurrent_rollouts`); under a trainer that never marks turns, no cap applies.
+Several calls in one assistant turn go to the service as one step (`_run_turn`: one `assistant_message`
+holding them all), so the service applies its own rules for a message with several calls (decision
+031): they run in order, a failed call does not stop the next, each counts against the task's
+`max_steps`, calls after the one that ended the episode do not run, and calls past the session's
+`max_calls_per_step` do not run and are answered `too_many_calls` with the service's hint. Nothing of
+those rules is repeated here: each call's record is the service's answer to it. The trainer's tool
+loop hands a turn's calls over together (`trainer_client.concurrent_rollouts`); a trainer that calls the
+tool methods one by one makes a step per call.
 
 A session lost mid-episode (its replica died: `SessionLostError`) loses that episode only: it is
 logged, the policy is told the episode is over, the call is recorded as `sandbox_error` (the
@@ -25,14 +27,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, ErrorKind
-from trainer_client.client import ClientSettings, CodingEnvClient, SessionLostError
-from trainer_client.hint_sites import ToolCallRecord
+from env_server.models import ErrorKind
+from trainer_client.client import (
+    ClientSettings,
+    CodingEnvClient,
+    SessionLostError,
+    StepResult,
+)
+from trainer_client.hint_sites import ToolCall, ToolCallRecord
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +51,21 @@ EPISODE_LOST = "The environment failed (not your fault): this episode is over."
 """What the policy reads when the session was lost mid-episode."""
 RESET_ATTEMPTS = 3
 """Sessions a reset may lose (each on a replica that died meanwhile) before it gives up."""
-TOO_MANY_CALLS_HINT = (
-    "Only the first calls of a turn run. Make fewer tool calls per turn, and send the ones that did not run in your next turn."
-)
-"""The hint recorded for a call past `max_calls_per_turn` (the service's template for `too_many_calls`)."""
+def turn_message(calls: Sequence[ToolCall]) -> str:
+    """A turn's calls as the text of one assistant message, in the `<tool_call>` JSON format the service
+    reads. `<` is written as a JSON escape, so no argument (a file's content) can close a call early."""
+    return "\n".join(
+        "<tool_call>" + json.dumps({"name": name, "arguments": arguments}).replace("<", "\\u003c") + "</tool_call>"
+        for name, arguments in calls
+    )
 
 
 class TrlEnvironment:
     """One rollout's session of the service. Tool methods are added by `environment_class`."""
 
-    def __init__(
-        self, settings: ClientSettings, *, grade_unsubmitted: bool = False, max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_STEP
-    ) -> None:
+    def __init__(self, settings: ClientSettings, *, grade_unsubmitted: bool = False) -> None:
         self._client = CodingEnvClient(settings)
         self._grade_unsubmitted = grade_unsubmitted
-        self._max_calls_per_turn = max_calls_per_turn
-        self._turn_calls: int | None = None
-        """Calls made in the current assistant turn; None until the trainer marks a turn's beginning."""
         self._finalizer = weakref.finalize(self, self._client.close)
         self.tool_calls: list[ToolCallRecord] = []
         """Every tool call of the current episode, in order (read by the trainer for hint sites)."""
@@ -84,7 +90,6 @@ class TrlEnvironment:
                     raise
                 log.warning("session lost during reset (%s); opening a new one", error)
         self.tool_calls = []
-        self._turn_calls = None
         self.task_id = info.task_id
         self.episode_over = False
         self.reward = None
@@ -103,33 +108,48 @@ class TrlEnvironment:
                 self.lost = True
         return float(self.reward or 0.0)
 
-    def _begin_turn(self) -> None:
-        """The calls from now on are one new assistant turn's (the trainer's tool loop says when)."""
-        self._turn_calls = 0
+    def _run_turn(self, calls: Sequence[ToolCall]) -> list[str]:
+        """One assistant turn's calls, as one step of the service; each call's output, in order."""
+        if len(calls) == 1:
+            return [self._call(*calls[0])]
+        return self._step([name for name, _ in calls], lambda: self._client.step_message(turn_message(calls)))
 
     def _call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+        (output,) = self._step([tool_name], lambda: self._client.step(tool_name, arguments))
+        return output
+
+    def _step(self, tool_names: list[str], step: Callable[[], StepResult]) -> list[str]:
+        """Send one step holding calls to `tool_names` and record the service's answer to each. An episode that
+        is over is not asked again (the service would refuse the step): each call is answered `EPISODE_OVER`."""
         if self.episode_over or self.lost or self.reward is not None:  # submitted, lost, or graded by `get_reward`
-            self.tool_calls.append(ToolCallRecord(tool_name, None, None))
-            return EPISODE_OVER
-        if self._turn_calls is not None:
-            self._turn_calls += 1
-            if self._turn_calls > self._max_calls_per_turn:  # not sent: it would count against max_steps
-                self.tool_calls.append(ToolCallRecord(tool_name, ErrorKind.TOO_MANY_CALLS, TOO_MANY_CALLS_HINT))
-                return f"Not run: at most {self._max_calls_per_turn} tool calls of one turn run. Send it again in your next turn."
+            self.tool_calls.extend(ToolCallRecord(name, None, None) for name in tool_names)
+            return [EPISODE_OVER] * len(tool_names)
         try:
-            result = self._client.step(tool_name, arguments)
+            result = step()
         except SessionLostError as error:
             log.warning("episode on task %s lost at call %d (%s): scored 0, training goes on", self.task_id, len(self.tool_calls) + 1, error)
             self.lost = True
-            self.tool_calls.append(ToolCallRecord(tool_name, ErrorKind.SANDBOX_ERROR, None))
-            return EPISODE_LOST
-        observation = result.observation
-        self.tool_calls.append(
-            ToolCallRecord(tool_name, observation.error_kind, observation.hint, observation.tests_passed, observation.tests_total)
-        )
+            self.tool_calls.append(ToolCallRecord(tool_names[0], ErrorKind.SANDBOX_ERROR, None))
+            self.tool_calls.extend(ToolCallRecord(name, None, None) for name in tool_names[1:])
+            return [EPISODE_LOST] + [EPISODE_OVER] * (len(tool_names) - 1)
+        step_result = result.observation
+        calls = step_result.calls
+        # The step's grade belongs to the call that ended the episode: the last that ran.
+        grading = max((index for index, call in enumerate(calls) if call.ran), default=len(calls) - 1) if result.done else None
+        for index, call in enumerate(calls):
+            graded = index == grading
+            self.tool_calls.append(
+                ToolCallRecord(
+                    call.tool_name,
+                    call.error_kind,
+                    call.hint,
+                    step_result.tests_passed if graded else None,
+                    step_result.tests_total if graded else None,
+                )
+            )
         if result.done:
             self.episode_over, self.reward = True, result.reward
-        return observation.output
+        return [call.output for call in calls]
 
     def _close(self) -> None:
         """End the session now (it also ends when the environment is garbage-collected)."""
@@ -199,20 +219,14 @@ def environment_class(tools: list[dict[str, Any]]) -> type[TrlEnvironment]:
     return type("TrlEnvironment", (TrlEnvironment,), {**methods, "__doc__": TrlEnvironment.__doc__})
 
 
-def environment_factory(
-    settings: ClientSettings, *, grade_unsubmitted: bool = False, max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_STEP
-) -> Callable[[], TrlEnvironment]:
+def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = False) -> Callable[[], TrlEnvironment]:
     """Reads the service's tools once and returns the factory TRL calls per rollout slot.
 
     Args:
         settings: Where the service is.
         grade_unsubmitted: Grade an episode the policy left unsubmitted as if it had submitted (default:
             it scores 0, so that reward means submitted work; decision 063).
-        max_calls_per_turn: Calls of one assistant turn that run (the service's `max_calls_per_step`
-            for a message); the rest are answered `too_many_calls` (decision 031).
     """
     with CodingEnvClient(settings) as client:
         tools = [tool for tool in client.list_tools() if settings.tools is None or tool.get("function", tool)["name"] in settings.tools]
-    return functools.partial(
-        environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted, max_calls_per_turn=max_calls_per_turn
-    )
+    return functools.partial(environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted)

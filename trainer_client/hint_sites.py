@@ -124,7 +124,11 @@ def assistant_turn_spans(model_token_mask: Sequence[int]) -> list[tuple[int, int
     return spans
 
 
-def environment_call(call: Mapping[str, Any], tool_names: Iterable[str]) -> tuple[str, dict[str, Any]] | None:
+ToolCall = tuple[str, dict[str, Any]]
+"""A call as TRL hands it to an environment method: the tool's name and its keyword arguments."""
+
+
+def environment_call(call: Mapping[str, Any], tool_names: Iterable[str]) -> ToolCall | None:
     """`(name, arguments)` when TRL's tool loop hands this parsed call to an environment method.
 
     TRL 1.16 runs `tools[name](**arguments)` for a `function` call of a known tool; anything else

@@ -48,6 +48,17 @@ def test_async_client_runs_sessions_concurrently(service_url: str) -> None:
     assert asyncio.run(both()) == ["42", "42"]
 
 
+def test_task_ids_come_from_the_service_page_by_page(service_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trainer_client.client._TASK_PAGE", 2)  # several pages of a small suite
+    with CodingEnvClient(settings(service_url)) as client:
+        ids = client.task_ids("builtin")
+        assert len(ids) > 2 and len(set(ids)) == len(ids) and all(task_id.startswith("builtin/") for task_id in ids)
+        assert set(ids) < set(client.task_ids())
+        with pytest.raises(ClientError) as refused:
+            client.task_ids("no_such_suite")
+        assert refused.value.code == "task_not_found"
+
+
 def test_missing_token_is_an_auth_error(service_url: str) -> None:
     for transport in ("http", "ws"):
         with pytest.raises(AuthError), CodingEnvClient(ClientSettings(base_url=service_url, transport=transport)) as client:

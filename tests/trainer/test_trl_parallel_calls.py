@@ -1,10 +1,11 @@
 """Several tool calls in one assistant turn through TRL's real trainer, the environment adapter and
-the real service (decision 031): they run in order, each with its own record, and the calls past
-the adapter's per-turn cap do not run and are blamed `too_many_calls` at that turn's hint site.
+the real service (decision 031): the turn is one step of the service, its calls run in order, each
+with its own record, and the calls past the service's per-step cap do not run and are blamed
+`too_many_calls`, with the service's hint, at that turn's hint site.
 
 A random model emits no tool calls, so sampling is scripted (as in test_training_run.py): the first
-turn carries three calls (write a file, read it back with bash, one more command), the second
-submits, the third closes. Everything else is real.
+turn carries one call more than the cap (write a file, read it back with bash, more commands), the
+second submits, the third closes. Everything else is real.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import pytest
 from datasets import Dataset
 
-from env_server.models import ErrorKind
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, ErrorKind
 from tests.trainer.conftest import SERVICE_TOKEN, make_config
 from trainer_client.client import ClientSettings
-from trainer_client.environment import TOO_MANY_CALLS_HINT, environment_factory
+from trainer_client.environment import environment_factory
 from trainer_client.trainer import ComposerTrainer
 
 pytestmark = pytest.mark.docker
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.docker
 FIRST_TURN = [
     ("write_file", {"path": "note.txt", "content": "from the first call\n"}),
     ("bash", {"command": "cat note.txt"}),
+    *[("bash", {"command": "true"})] * (DEFAULT_MAX_CALLS_PER_STEP - 2),
     ("bash", {"command": "echo over the cap > over.txt"}),
 ]
 
@@ -67,9 +69,9 @@ class ThreeCallTurnTrainer(ComposerTrainer):
 
 @pytest.mark.parametrize("concurrent", [True, False], ids=["concurrent", "serial"])
 def test_a_turn_with_several_calls_runs_them_in_order_up_to_the_cap(service_url, tokenizer, base_model, tmp_path, concurrent) -> None:
-    factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN), max_calls_per_turn=2)
+    factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN))
     config = make_config(
-        tmp_path, max_steps=1, max_completion_length=512, sdpo_weight=1.0, concurrent_tool_calls=concurrent, concurrent_resets=concurrent
+        tmp_path, max_steps=1, max_completion_length=1024, sdpo_weight=1.0, concurrent_tool_calls=concurrent, concurrent_resets=concurrent
     )
     trainer = ThreeCallTurnTrainer(
         model=copy.deepcopy(base_model),
@@ -86,13 +88,13 @@ def test_a_turn_with_several_calls_runs_them_in_order_up_to_the_cap(service_url,
     assert len(trainer.call_records) == 2
     for messages, records, sites in zip(trainer.tool_messages, trainer.call_records, trainer.hint_sites, strict=True):
         # One tool message per call of the first turn, in order, then submit's.
-        assert [m["name"] for m in messages] == ["write_file", "bash", "bash", "submit"]
+        assert [m["name"] for m in messages] == [name for name, _ in FIRST_TURN] + ["submit"]
         assert messages[1]["content"] == "from the first call"  # the write ran before the read
-        assert messages[2]["content"].startswith("Not run: at most 2 tool calls of one turn run")
-        assert "Submitted" in messages[3]["content"]  # the skipped call did not use up a step
+        assert messages[-2]["content"].startswith(f"Not run: at most {DEFAULT_MAX_CALLS_PER_STEP} tool calls")
+        assert "Submitted" in messages[-1]["content"]  # the skipped call did not use up a step
         assert [(r.tool_name, r.error_kind) for r in records] == [
-            ("write_file", None), ("bash", None), ("bash", ErrorKind.TOO_MANY_CALLS), ("submit", None)
+            *((name, None) for name, _ in FIRST_TURN[:-1]), ("bash", ErrorKind.TOO_MANY_CALLS), ("submit", None)
         ]
-        assert records[2].hint == TOO_MANY_CALLS_HINT
+        assert records[-2].hint  # the service's hint for the call it did not run
         # The turn that made too many calls is a hint site, and so is the submission of the unsolved task.
         assert [(site.turn, site.error_kinds) for site in sites] == [(0, ("too_many_calls",)), (1, ("submission_failed",))]
