@@ -1,6 +1,6 @@
 """Forking a session: `POST /sessions/{id}/fork {"n": N}` against a fresh reset of N sessions.
 
-    python benchmarks/fork.py [--n 8] [--repeats 15] [--workspace-mb 5]
+    python benchmarks/fork.py [--n 8] [--repeats 15] [--workspace-mb 5] [--tiny]
 
 Starts `coding-env serve` in a child process (Docker backend, warm pool of N) and measures, in
 one run, each repeat starting from a full warm pool:
@@ -16,6 +16,9 @@ one run, each repeat starting from a full warm pool:
 All three twice: with every sandbox given an inbox (`CODING_ENV_SANDBOX__INBOX_ROOT`, a temporary
 directory: the archive is written once and hard-linked into each target's inbox), then without
 (the archive is sent through each target's channel), each against a service of its own.
+Every timed reply is checked: a refused request, a failed step, a fork answering fewer sessions than
+asked or a copy whose target does not hold the source's files fails the run. `--tiny`: 2 forks of a
+small workspace, once each way (CI's run).
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from pathlib import Path
 import docker
 import httpx
 
-from samples import percentile
+from samples import checked_exec, checked_step, percentile
 from sandbox import Sandbox, SandboxSpec, open_sandbox
 from service_latency import start_service, wait_pool
 
+FILES_AND_BYTES = "find . -type f -printf '%s\\n' | awk '{n++; s+=$1} END {print n, s}'"
+"""A bash command printing how many files the workspace holds and their bytes: what a copy must reproduce."""
 TASK = {"task": {"id": "bench/fork", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": 1000}}}
 
 
@@ -77,16 +82,18 @@ def summary(name: str, samples_ms: list[float]) -> float:
 def step(http: httpx.Client, session_id: str, tool: str, **arguments: object) -> dict:
     response = http.post(f"/sessions/{session_id}/step", json={"action": {"type": "call_tool", "tool_name": tool, "arguments": arguments}})
     response.raise_for_status()
-    return response.json()["observation"]
+    return checked_step(response.json())["observation"]
 
 
 def time_fork(http: httpx.Client, source: str, n: int) -> float:
     started = time.perf_counter()
     response = http.post(f"/sessions/{source}/fork", json={"n": n})
     elapsed = (time.perf_counter() - started) * 1000
-    response.raise_for_status()
-    for fork in response.json()["session_ids"]:
-        http.delete(f"/sessions/{fork}")
+    forks = response.raise_for_status().json()["session_ids"]
+    if len(forks) != n:
+        raise RuntimeError(f"a fork into {n} answered {len(forks)} sessions: {response.text[:500]}")
+    for fork in forks:
+        http.delete(f"/sessions/{fork}").raise_for_status()
     return elapsed
 
 
@@ -103,7 +110,8 @@ async def time_fresh_resets(base_url: str, n: int) -> float:
         started = time.perf_counter()
         sessions = await asyncio.gather(*(one() for _ in range(n)))
         elapsed = (time.perf_counter() - started) * 1000
-        await asyncio.gather(*(http.delete(f"/sessions/{session_id}") for session_id in sessions))
+        for closed in await asyncio.gather(*(http.delete(f"/sessions/{session_id}") for session_id in sessions)):
+            closed.raise_for_status()
     return elapsed
 
 
@@ -126,7 +134,8 @@ def time_copies(script: str, n: int, repeats: int, inbox_root: str | None) -> tu
     dockerd = Path(f"/proc/{subprocess.check_output(['pidof', 'dockerd'], text=True).split()[0]}/stat")
     spec = SandboxSpec(inbox_root=inbox_root)
     with open_sandbox(spec, "docker") as source:
-        source.exec(script, timeout_s=120)
+        checked_exec(source, script, timeout_s=120)
+        copied = checked_exec(source, FILES_AND_BYTES).stdout
         for _ in range(repeats):
             targets = [open_sandbox(spec, "docker") for _ in range(n)]
             try:
@@ -136,6 +145,9 @@ def time_copies(script: str, n: int, repeats: int, inbox_root: str | None) -> tu
                 wall.append((time.perf_counter() - started) * 1000)
                 host = host_cpu_ms(dockerd) - host_before
                 cpu.append(host + container_cpu_ms([source, *targets], docker_api) - containers_before)
+                for target in targets:
+                    if (held := checked_exec(target, FILES_AND_BYTES).stdout) != copied:
+                        raise RuntimeError(f"a copy holds {held.strip()} (files, bytes), not the source's {copied.strip()}")
             finally:
                 for target in targets:
                     target.close()
@@ -150,7 +162,7 @@ def time_service(script: str, args: argparse.Namespace, inbox_root: str | None) 
     forks, resets = [], []
     try:
         with httpx.Client(base_url=base_url, timeout=300) as http:
-            source = http.post("/sessions").json()["session_id"]
+            source = http.post("/sessions").raise_for_status().json()["session_id"]
             http.post(f"/sessions/{source}/reset", json=TASK).raise_for_status()
             filled = step(http, source, "bash", command=script, timeout_s=120)["output"].split()
             print(f"source workspace: {filled[0]} files, {int(filled[-1]) / 2**20:.2f} MiB")
@@ -173,7 +185,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--copy-repeats", type=int, default=5, help="repeats of the in-process copy (3.)")
     parser.add_argument("--workspace-mb", type=float, default=5.0)
+    parser.add_argument("--tiny", action="store_true", help="2 forks of a 0.2 MB workspace, once: every path and check, in seconds")
     args = parser.parse_args()
+    if args.tiny:
+        args.n, args.repeats, args.copy_repeats, args.workspace_mb = 2, 1, 1, 0.2
     print(f"load average before: {os.getloadavg()}")
     script = fill_workspace_script(args.workspace_mb)
     with tempfile.TemporaryDirectory(prefix="coding-env-inbox-") as inbox_root:
