@@ -1,6 +1,6 @@
 """Running one step's action: its calls resolved to tools, run in order under the per-step cap,
 blamed when a sandbox fails (docs/decisions/024-who-ends-an-episode.md), hinted, graded when the
-step uses the last of `max_steps`, and summed up as the step's `ToolResult`. A judge's hint that
+step uses the last of `max_steps`, and summed up as the step's `StepObservation`. A judge's hint that
 comes after the step went out replaces the template in the record."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from env_server.episode import Episode
 from env_server.error_kinds import classify_sandbox_death
 from env_server.grading.monitor import scan_tool_call
 from env_server.hints import Hint, HintGenerator
-from env_server.models import CallOutcome, CallResult, ErrorKind, MonitorFlag, ToolResult
+from env_server.models import CallFields, CallResult, ErrorKind, MonitorFlag, StepObservation
 from env_server.openenv_models import AssistantMessageStep, CallToolStep
 from env_server.tool_call_parser import ToolCallParseError, parse_arguments, parse_tool_calls
-from env_server.tools import TOOLS, EpisodeEnd, Tool, ToolOutcome, submit
+from env_server.tools import TOOLS, EpisodeEnd, Tool, CallOutcome, submit
 from sandbox import Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class _Call:
     tool_name: str
     tool: Tool | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
-    error: ToolOutcome | None = None
+    error: CallOutcome | None = None
 
     @property
     def parsed(self) -> dict[str, Any] | None:
@@ -52,7 +52,7 @@ class _Answered:
     (the step's grade and episode end come from it) and the hint still to be judged."""
 
     result: CallResult
-    outcome: ToolOutcome | None = None
+    outcome: CallOutcome | None = None
     hint: Hint | None = None
     flags: list[MonitorFlag] = field(default_factory=list)
     """What the monitor flagged in the call: recorded at once, shown only once the episode is done."""
@@ -64,8 +64,8 @@ class StepRun:
     ended it, else the last that ran) and the call that leads the result (the first that failed,
     else the last that ran)."""
 
-    result: ToolResult
-    outcome: ToolOutcome
+    result: StepObservation
+    outcome: CallOutcome
     lead: CallResult
 
 
@@ -155,7 +155,7 @@ class CallRunner:
         answered.hint = hint
         return answered
 
-    def _run(self, call: _Call, episode: Episode) -> ToolOutcome:
+    def _run(self, call: _Call, episode: Episode) -> CallOutcome:
         self._grader_unavailable = None
         grading = call.tool_name == "submit"
         try:
@@ -174,7 +174,7 @@ class CallRunner:
             outcome = _aborted(f"no grading sandbox could be started: {self._grader_unavailable}")
         return outcome
 
-    def _sandbox_failure(self, exc: SandboxError, episode: Episode, grading: bool) -> ToolOutcome:
+    def _sandbox_failure(self, exc: SandboxError, episode: Episode, grading: bool) -> CallOutcome:
         """Who a `SandboxError` is blamed on (docs/decisions/024-who-ends-an-episode.md): the engine
         gone is the infrastructure's (abort, reward null); anything else that happens to a sandbox
         the agent has been acting in is the agent's (reward 0)."""
@@ -183,10 +183,10 @@ class CallRunner:
         if _answers(episode.sandbox.is_alive):
             if grading:
                 return _grading_failed(episode, exc)
-            return ToolOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
+            return CallOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
         return _ended(classify_sandbox_death(exc), f"The sandbox died: {exc}")
 
-    def _grade_at_step_limit(self, last: ToolOutcome, episode: Episode) -> ToolOutcome:
+    def _grade_at_step_limit(self, last: CallOutcome, episode: Episode) -> CallOutcome:
         """The last step's outcome, graded: its output followed by the grading's, the grading's
         error kind if it has one."""
         graded = self._run(_Call("submit", TOOLS["submit"]), episode)
@@ -200,7 +200,7 @@ class CallRunner:
         )
 
 
-def _take_late_hint(episode: Episode, hint: Hint, targets: list[CallOutcome]) -> None:
+def _take_late_hint(episode: Episode, hint: Hint, targets: list[CallFields]) -> None:
     """When the judge answers after the step went out, its hint replaces the template in the
     record (in the call's result, and in the step's when that call leads it); a finished
     episode is logged once its last late hint has landed."""
@@ -226,9 +226,9 @@ def _action_calls(action: CallToolStep | AssistantMessageStep, family: str | Non
     try:
         calls = parse_tool_calls(action.content, TOOL_PARAMETERS, family=family)
     except ToolCallParseError as exc:
-        return [_Call("", error=ToolOutcome(str(exc), error_kind=ErrorKind.JSON_DECODE))]
+        return [_Call("", error=CallOutcome(str(exc), error_kind=ErrorKind.JSON_DECODE))]
     if not calls:
-        return [_Call("", error=ToolOutcome("No tool call found in the message.", error_kind=ErrorKind.TOOL_NOT_FOUND))]
+        return [_Call("", error=CallOutcome("No tool call found in the message.", error_kind=ErrorKind.TOOL_NOT_FOUND))]
     return [_resolve_call(call.name, call.arguments, tools) for call in calls]
 
 
@@ -236,20 +236,20 @@ def _resolve_call(name: str, arguments: dict[str, Any] | str, tools: Sequence[st
     """One call's tool and validated arguments (raw text parsed and repaired), or its error."""
     tool = TOOLS.get(name)
     if tool is None:
-        return _Call(name, error=ToolOutcome(f"Unknown tool {name!r}.", error_kind=ErrorKind.TOOL_NOT_FOUND))
+        return _Call(name, error=CallOutcome(f"Unknown tool {name!r}.", error_kind=ErrorKind.TOOL_NOT_FOUND))
     if name not in tools:
         message = f"Tool {name!r} is not one of this episode's tools: {', '.join(tools)}."
-        return _Call(name, error=ToolOutcome(message, error_kind=ErrorKind.TOOL_NOT_FOUND))
+        return _Call(name, error=CallOutcome(message, error_kind=ErrorKind.TOOL_NOT_FOUND))
     if isinstance(arguments, str):
         parsed = parse_arguments(arguments, TOOL_PARAMETERS[name])
         if parsed is None:
-            return _Call(name, error=ToolOutcome(f"Arguments could not be read as named parameters: {arguments[:200]!r}", error_kind=ErrorKind.JSON_DECODE))
+            return _Call(name, error=CallOutcome(f"Arguments could not be read as named parameters: {arguments[:200]!r}", error_kind=ErrorKind.JSON_DECODE))
         arguments = parsed
     try:
         validated = tool.arguments.model_validate(arguments)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-        return _Call(name, error=ToolOutcome(f"Invalid arguments for {name}: {problems}", error_kind=ErrorKind.TYPE_ERROR))
+        return _Call(name, error=CallOutcome(f"Invalid arguments for {name}: {problems}", error_kind=ErrorKind.TYPE_ERROR))
     return _Call(name, tool, validated.model_dump(exclude_unset=True))
 
 
@@ -259,11 +259,11 @@ def _not_run(call: _Call, text: str, kind: ErrorKind | None = None, hint: str | 
     return _Answered(result)
 
 
-def _step_result(answered: list[_Answered], outcome: ToolOutcome, episode: Episode, *, lead: CallResult, duration_ms: float) -> ToolResult:
+def _step_result(answered: list[_Answered], outcome: CallOutcome, episode: Episode, *, lead: CallResult, duration_ms: float) -> StepObservation:
     """The step's result: every call's, and top-level fields that read as one call's (the `lead`)
     with the step's `outcome` for the episode."""
     calls = [a.result for a in answered]
-    return ToolResult(
+    return StepObservation(
         **lead.model_dump(include={"tool_name", "exit_code", "error_kind", "hint", "underlying_error_kind"}),
         output=_joined_output(calls),
         truncated=any(call.truncated for call in calls),
@@ -299,7 +299,7 @@ def _answers(probe: Callable[[], bool]) -> bool:
         return False
 
 
-def _grading_failed(episode: Episode, exc: Exception) -> ToolOutcome:
+def _grading_failed(episode: Episode, exc: Exception) -> CallOutcome:
     # The policy sees the exception's type only: its text may name grader paths or hidden tests.
     log.warning("grading %s failed: %s: %s", episode.task.id, type(exc).__name__, exc)
     return _ended(
@@ -308,11 +308,11 @@ def _grading_failed(episode: Episode, exc: Exception) -> ToolOutcome:
     )
 
 
-def _ended(kind: ErrorKind, reason: str) -> ToolOutcome:
+def _ended(kind: ErrorKind, reason: str) -> CallOutcome:
     """An outcome that ends the episode on the agent's account: reward 0."""
-    return ToolOutcome(reason, error_kind=kind, end=EpisodeEnd(reason, aborted=False))
+    return CallOutcome(reason, error_kind=kind, end=EpisodeEnd(reason, aborted=False))
 
 
-def _aborted(reason: str) -> ToolOutcome:
+def _aborted(reason: str) -> CallOutcome:
     """An outcome that ends the episode on the infrastructure's account: no reward to learn from."""
-    return ToolOutcome(f"Sandbox failure: {reason}", error_kind=ErrorKind.SANDBOX_ERROR, end=EpisodeEnd(reason, aborted=True))
+    return CallOutcome(f"Sandbox failure: {reason}", error_kind=ErrorKind.SANDBOX_ERROR, end=EpisodeEnd(reason, aborted=True))

@@ -27,13 +27,13 @@ from env_server.episode import Episode
 from env_server.forking import continued_episode, fork_sandboxes
 from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, ApiErrorCode, EpisodeEnding, EpisodeRecord, ErrorKind, TaskSpec, ToolResult
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, ErrorKind, StepObservation, TaskSpec
 from env_server.openenv_models import AnyAction, CodingObservation, CodingResetObservation, CodingState, ListToolsStep
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
 from env_server.tool_call_parser import TOOL_CALL_FAMILIES
-from env_server.tools import TOOLS, ToolOutcome, Workspace
+from env_server.tools import TOOLS, CallOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
@@ -117,6 +117,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         tool_call_format: str | None = None,
         max_calls_per_step: int = DEFAULT_MAX_CALLS_PER_STEP,
         tools: Sequence[str] | None = None,
+        protocol: int = DEFAULT_PROTOCOL_VERSION,
         **_: Any,
     ) -> CodingResetObservation:
         if tool_call_format is not None and tool_call_format not in TOOL_CALL_FAMILIES:
@@ -150,7 +151,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         )
         self._episode = Episode(
             self._workspace(sandbox, spec), record, show_hints, log=self._episode_log,
-            tool_call_format=tool_call_format, max_calls_per_step=max_calls_per_step, tools=tool_names,
+            tool_call_format=tool_call_format, max_calls_per_step=max_calls_per_step, tools=tool_names, protocol=protocol,
         )
         return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=record.tools, max_steps=spec.limits.max_steps)
 
@@ -168,7 +169,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=run.lead.output) if kind in FRAMEWORK_ERRORS else None,
             done=outcome.done,
             reward=outcome.reward,
-            metadata=_metadata(result, outcome),
+            metadata=_metadata(result, outcome, episode.protocol),
         )
         episode.record_step(action.model_dump(exclude={"metadata"}), result, outcome, started_at=started_at)
         if outcome.done:
@@ -267,20 +268,19 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         return self._episode
 
 
-def _metadata(result: ToolResult, outcome: ToolOutcome) -> dict[str, Any]:
-    """The observation's `metadata`: the typed fields under the keys clients read before those
-    fields existed (docs/api.md), plus the grading details that have no typed field. Here
-    `monitor_flags` is the episode's flags, on the step that ends it only."""
+def _metadata(result: StepObservation, outcome: CallOutcome, protocol: int) -> dict[str, Any]:
+    """The observation's `metadata`: the grading details that have no typed field and, for protocol
+    1 only, the typed fields again under the keys clients read before those fields existed
+    (docs/api.md, "Protocol versions"). There `monitor_flags` is the episode's flags, on the step
+    that ends it only."""
     metadata: dict[str, Any] = {}
-    if outcome.grade is not None:
-        grade = outcome.grade
-        metadata.update(
-            tests_passed=grade.tests_passed,
-            tests_total=grade.tests_total,
-            failing_tests=list(grade.failing_tests),
-            grading_ms=grade.grading_ms,
-            monitor_flags=[str(flag) for flag in grade.monitor_flags],
-        )
+    grade = outcome.grade
+    if grade is not None:
+        metadata.update(failing_tests=list(grade.failing_tests), grading_ms=grade.grading_ms)
+    if protocol > 1:
+        return metadata
+    if grade is not None:
+        metadata.update(tests_passed=grade.tests_passed, tests_total=grade.tests_total, monitor_flags=[str(flag) for flag in grade.monitor_flags])
     elif outcome.done and result.episode_monitor_flags:
         metadata["monitor_flags"] = [str(flag) for flag in result.episode_monitor_flags]
     if result.end_reason is not None:
@@ -290,4 +290,3 @@ def _metadata(result: ToolResult, outcome: ToolOutcome) -> dict[str, Any]:
     if result.underlying_error_kind is not None:
         metadata["underlying_error_kind"] = result.underlying_error_kind.value
     return metadata
-

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_server.error_kinds import FailureStreak
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, EpisodeEnding, EpisodeRecord, MonitorFlag, TaskSpec, ToolResult, TrajectoryStep
-from env_server.tools import TOOLS, ToolOutcome, Workspace
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, EpisodeEnding, EpisodeRecord, MonitorFlag, StepObservation, TaskSpec, TrajectoryStep
+from env_server.tools import TOOLS, CallOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
@@ -38,6 +38,8 @@ class Episode:
     """Calls of one action that run; the rest are answered `too_many_calls`."""
     tools: tuple[str, ...] = tuple(TOOLS)
     """The tools the episode may call (set at reset); a call to another is `tool_not_found`."""
+    protocol: int = DEFAULT_PROTOCOL_VERSION
+    """The wire protocol reset asked for: whether observations repeat typed fields in `metadata`."""
     monitor_flags: list[MonitorFlag] = field(default_factory=list)
     """Every flag raised in the episode so far, sorted: the monitor's on each call, then the grader's."""
     withheld_flags: list[list[list[MonitorFlag]]] = field(default_factory=list)
@@ -69,7 +71,7 @@ class Episode:
     def raise_flags(self, flags: Iterable[MonitorFlag]) -> None:
         self.monitor_flags = sorted({*self.monitor_flags, *flags})
 
-    def record_step(self, action: dict[str, Any], result: ToolResult, outcome: ToolOutcome, *, started_at: float) -> None:
+    def record_step(self, action: dict[str, Any], result: StepObservation, outcome: CallOutcome, *, started_at: float) -> None:
         """Append the step that just went out to the record."""
         first = result.calls[0]
         self.record.steps.append(
@@ -85,7 +87,7 @@ class Episode:
             )
         )
 
-    def finish(self, outcome: ToolOutcome) -> None:
+    def finish(self, outcome: CallOutcome) -> None:
         """The step with `outcome` ended the episode: its reward and grade go into the record."""
         self.reward = outcome.reward
         self.record.reward = outcome.reward
@@ -143,7 +145,7 @@ class Episode:
             self.log.append(self.record)
 
 
-def ending(outcome: ToolOutcome) -> EpisodeEnding:
+def ending(outcome: CallOutcome) -> EpisodeEnding:
     """How a step that ended the episode ended it."""
     if outcome.end is not None:
         return EpisodeEnding.ABORTED if outcome.end.aborted else EpisodeEnding.FAILED

@@ -19,6 +19,13 @@ from env_server.grading.in_sandbox import typed_values
 
 TASK_SPEC_VERSION = 1
 TRAJECTORY_SCHEMA_VERSION = 1
+PROTOCOL_VERSION = 2
+"""The newest wire protocol: an observation's `metadata` holds only what has no typed field
+(`failing_tests`, `grading_ms`, `auto_reset`). Protocol 1 also repeats typed fields there under the
+keys clients read before those fields existed (docs/api.md, "Protocol versions")."""
+DEFAULT_PROTOCOL_VERSION = 1
+"""What an episode whose reset names no `protocol` gets, for this release only (decision 121): the
+next release makes it `PROTOCOL_VERSION`."""
 DEFAULT_MAX_CALLS_PER_STEP = 8
 """Tool calls of one action that run, unless reset asks for another cap (`max_calls_per_step`)."""
 MAX_CALLS_PER_STEP_LIMIT = 64
@@ -291,8 +298,9 @@ class TaskSpec(BaseModel):
         return self
 
 
-class CallOutcome(BaseModel):
-    """What every tool call's result says: the fields a step's result and each of its calls share."""
+class CallFields(BaseModel):
+    """The fields a call's result says (not a result by itself): shared by `CallResult`, and by
+    `StepObservation`, whose top level reads as one call for clients that know one call per step."""
 
     tool_name: str
     """Tool that was called (as requested, even when unknown)."""
@@ -319,8 +327,9 @@ class CallOutcome(BaseModel):
     """When `error_kind` is `repeated_failure`: the kind that repeated."""
 
 
-class CallResult(CallOutcome):
-    """One of the tool calls a step found in its action, in the order they were found."""
+class CallResult(CallFields):
+    """The wire result of one call: one of the tool calls a step found in its action, in the order
+    they were found."""
 
     arguments: dict[str, Any] | None = None
     """The arguments executed, after parsing and repair; None when the call could not be resolved
@@ -335,8 +344,9 @@ class CallResult(CallOutcome):
     """What the reward-hacking monitor flagged in this call."""
 
 
-class ToolResult(CallOutcome):
-    """The typed outcome of one step, as the policy's environment sees it. A step runs every call
+class StepObservation(CallFields):
+    """The wire result of one step, the typed fields of its observation, as the policy's
+    environment sees it (the service records it in the trajectory as is). A step runs every call
     its action holds (one for `call_tool`, each call found in an `assistant_message`): `calls` has
     one result per call. The fields shared with `CallResult` describe the step as one call would:
     `output` is every call's output (a single call's unchanged); `tool_name`, `exit_code`,
@@ -414,6 +424,10 @@ class ResetRequestBody(BaseModel):
 
     max_calls_per_step: int = Field(default=DEFAULT_MAX_CALLS_PER_STEP, ge=1, le=MAX_CALLS_PER_STEP_LIMIT)
     """Calls of one action that run; the ones after are answered `too_many_calls`, not run."""
+
+    protocol: int = Field(default=DEFAULT_PROTOCOL_VERSION, ge=1, le=PROTOCOL_VERSION)
+    """The wire protocol of the episode's observations (`PROTOCOL_VERSION` and before): 1 repeats
+    typed fields in `metadata` under their old keys, 2 does not."""
 
     tools: list[str] | None = Field(default=None, min_length=1)
     """The episode's tools, by name (from `GET /tools`; `submit` is always one of them); None: every tool.
@@ -540,7 +554,7 @@ class TrajectoryStep(BaseModel):
     parsed_call: dict[str, Any] | None = None
     """The step's first call as executed after parsing and repair (`{"tool_name", "arguments"}`), or
     None if it could not be resolved; every call's is in `observation.calls`."""
-    observation: ToolResult
+    observation: StepObservation
     reward: float | None = None
     done: bool = False
     started_at: float

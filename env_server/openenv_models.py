@@ -13,7 +13,7 @@ from openenv.core.env_server.mcp_types import CallToolObservation
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field, TypeAdapter
 
-from env_server.models import AssistantMessageAction, EpisodeState, ListToolsAction, ResetInfo, ToolCallAction, ToolResult
+from env_server.models import AssistantMessageAction, EpisodeState, ListToolsAction, ResetInfo, StepObservation, ToolCallAction
 
 
 class ListToolsStep(Action, ListToolsAction):
@@ -33,8 +33,8 @@ ACTIONS: TypeAdapter[AnyAction] = TypeAdapter(Annotated[AnyAction, Field(discrim
 """Validates an action dict (dispatching on `type`) and publishes the action JSON schema."""
 
 
-class CodingObservation(CallToolObservation, ToolResult):
-    """A step's observation: OpenEnv's `CallToolObservation` plus the typed `ToolResult` fields."""
+class CodingObservation(CallToolObservation, StepObservation):
+    """A step's observation: OpenEnv's `CallToolObservation` plus the typed `StepObservation` fields."""
 
 
 class CodingResetObservation(Observation, ResetInfo):

@@ -63,7 +63,7 @@ class Service:
         return await self.sessions.admit(client_gone)
 
     async def reset(self, session: Session, body: ResetRequestBody) -> dict[str, Any]:
-        kwargs = body.model_dump(include={"seed", "episode_id", "task_id", "task", "show_hints", "tool_call_format", "max_calls_per_step", "tools"}, exclude_none=True)
+        kwargs = body.model_dump(include={"seed", "episode_id", "task_id", "task", "show_hints", "tool_call_format", "max_calls_per_step", "tools", "protocol"}, exclude_none=True)
         with self._counting_sandbox_failures():
             observation = await self.sessions.run(session, lambda: session.env.reset(**kwargs))
         return serialize_observation(observation)

@@ -1,7 +1,7 @@
 """The coding tools, declared once: typed signatures and docstrings become the JSON schemas that
 reset, `list_tools` and MCP `tools/list` publish, and the argument validation of every call.
 
-A tool is a plain function `(workspace, **arguments) -> ToolOutcome`; `@tool` registers it.
+A tool is a plain function `(workspace, **arguments) -> CallOutcome`; `@tool` registers it.
 Parameter descriptions live in `Annotated[..., Field(description=...)]`. Keyword-only parameters
 are not the agent's: the environment passes them (`submit` gets the episode's monitor flags).
 """
@@ -47,9 +47,10 @@ class EpisodeEnd:
 
 
 @dataclass
-class ToolOutcome:
-    """What one step produced, before the hint: the tool's answer, the grade when the step graded
-    the workspace, the failure that ended the episode if one did, and the step's monitor flags."""
+class CallOutcome:
+    """What one call produced inside the service (the internal outcome; `CallResult` is its wire
+    form), before its hint: the tool's answer, the grade when the call graded the workspace, and the
+    failure that ended the episode if one did."""
 
     output: str
     exit_code: int | None = None
@@ -81,7 +82,7 @@ class Tool:
     name: str
     description: str
     arguments: type[BaseModel]
-    run: Callable[..., ToolOutcome]
+    run: Callable[..., CallOutcome]
 
     def openai_schema(self) -> dict[str, Any]:
         """OpenAI function-calling format (what chat templates and TRL expect)."""
@@ -102,7 +103,7 @@ class Tool:
 TOOLS: dict[str, Tool] = {}
 
 
-def tool(fn: Callable[..., ToolOutcome]) -> Callable[..., ToolOutcome]:
+def tool(fn: Callable[..., CallOutcome]) -> Callable[..., CallOutcome]:
     """Register `fn` as a tool; its parameters after `workspace` become the argument schema
     (keyword-only ones excepted: the environment passes those)."""
     params = [p for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:] if p.kind is not p.KEYWORD_ONLY]
@@ -114,7 +115,7 @@ def tool(fn: Callable[..., ToolOutcome]) -> Callable[..., ToolOutcome]:
     return fn
 
 
-def _exec_outcome(result: ExecResult, *, tests_expected: bool = False) -> ToolOutcome:
+def _exec_outcome(result: ExecResult, *, tests_expected: bool = False) -> CallOutcome:
     parts = [result.stdout.rstrip("\n"), result.stderr.rstrip("\n")]
     text = "\n".join(p for p in parts if p)
     kind = classify_exec(result, tests_expected=tests_expected)
@@ -124,7 +125,7 @@ def _exec_outcome(result: ExecResult, *, tests_expected: bool = False) -> ToolOu
         text += "\n[killed: timed out]"
     elif result.exit_code not in (0, None):
         text += f"\n[exit code {result.exit_code}]"
-    return ToolOutcome(text.lstrip("\n"), result.exit_code, kind, result.truncated)
+    return CallOutcome(text.lstrip("\n"), result.exit_code, kind, result.truncated)
 
 
 def _python_syntax_error(path: str, content: str) -> str | None:
@@ -140,20 +141,20 @@ def _python_syntax_error(path: str, content: str) -> str | None:
     return None
 
 
-def _file_error(path: str, exc: OSError) -> ToolOutcome:
-    return ToolOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=classify_os_error(exc))
+def _file_error(path: str, exc: OSError) -> CallOutcome:
+    return CallOutcome(f"{path}: {exc.strerror or type(exc).__name__}", error_kind=classify_os_error(exc))
 
 
-def _capped(text: str, cap: int) -> ToolOutcome:
+def _capped(text: str, cap: int) -> CallOutcome:
     """A file's text as the policy sees it: over `cap` characters, head and tail are kept, as for
     command output (a multi-megabyte file would otherwise flood the context and the response)."""
     if len(text) <= cap:
-        return ToolOutcome(text)
+        return CallOutcome(text)
     half = cap // 2
-    return ToolOutcome(f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}", truncated=True)
+    return CallOutcome(f"{text[:half]}\n[... {len(text) - 2 * half} characters truncated ...]\n{text[-half:]}", truncated=True)
 
 
-def _write(ws: Workspace, path: str, content: str, verb: str) -> ToolOutcome:
+def _write(ws: Workspace, path: str, content: str, verb: str) -> CallOutcome:
     """Write a file and report it, flagging Python that does not compile (the file is kept)."""
     try:
         ws.sandbox.write_file(path, content)
@@ -161,8 +162,8 @@ def _write(ws: Workspace, path: str, content: str, verb: str) -> ToolOutcome:
         return _file_error(path, exc)
     error = _python_syntax_error(path, content)
     if error:
-        return ToolOutcome(f"{verb} {path}, but it does not compile: {error}", error_kind=ErrorKind.SYNTAX_ERROR)
-    return ToolOutcome(f"{verb} {path} ({content.count(chr(10)) + 1} lines)")
+        return CallOutcome(f"{verb} {path}, but it does not compile: {error}", error_kind=ErrorKind.SYNTAX_ERROR)
+    return CallOutcome(f"{verb} {path} ({content.count(chr(10)) + 1} lines)")
 
 
 @tool
@@ -172,7 +173,7 @@ def bash(
     timeout_s: Annotated[
         float | None, Field(gt=0, description="Seconds before the command is killed (capped by the task's limit).")
     ] = None,
-) -> ToolOutcome:
+) -> CallOutcome:
     """Run a shell command in the workspace and return its output (stdout, then stderr)."""
     limit = ws.task.limits.step_timeout_s
     return _exec_outcome(ws.sandbox.exec(command, timeout_s=min(timeout_s or limit, limit)))
@@ -184,7 +185,7 @@ def read_file(
     path: Annotated[str, Field(description="File path, relative to the workspace.")],
     start_line: Annotated[int | None, Field(ge=1, description="First line to return (1-based).")] = None,
     end_line: Annotated[int | None, Field(ge=1, description="Last line to return (inclusive).")] = None,
-) -> ToolOutcome:
+) -> CallOutcome:
     """Return the text of a file, optionally only lines start_line..end_line."""
     try:
         text = ws.sandbox.read_file(path).decode("utf-8", errors="replace")
@@ -202,7 +203,7 @@ def write_file(
     ws: Workspace,
     path: Annotated[str, Field(description="File path, relative to the workspace; parent folders are created.")],
     content: Annotated[str, Field(description="Complete new content of the file.")],
-) -> ToolOutcome:
+) -> CallOutcome:
     """Create or overwrite a file with the given content."""
     return _write(ws, path, content, "Wrote")
 
@@ -213,7 +214,7 @@ def edit_file(
     path: Annotated[str, Field(description="File path, relative to the workspace.")],
     old_str: Annotated[str, Field(min_length=1, description="Exact text to replace; must occur exactly once.")],
     new_str: Annotated[str, Field(description="Replacement text.")],
-) -> ToolOutcome:
+) -> CallOutcome:
     """Replace the single occurrence of old_str in a file with new_str."""
     try:
         text = ws.sandbox.read_file(path).decode("utf-8", errors="replace")
@@ -222,7 +223,7 @@ def edit_file(
     count = text.count(old_str)
     if count != 1:
         where = "does not occur" if count == 0 else f"occurs {count} times"
-        return ToolOutcome(f"old_str {where} in {path}; it must match exactly once.", error_kind=ErrorKind.RUNTIME_ERROR)
+        return CallOutcome(f"old_str {where} in {path}; it must match exactly once.", error_kind=ErrorKind.RUNTIME_ERROR)
     return _write(ws, path, text.replace(old_str, new_str, 1), "Edited")
 
 
@@ -230,7 +231,7 @@ def edit_file(
 def list_dir(
     ws: Workspace,
     path: Annotated[str, Field(description="Folder, relative to the workspace.")] = ".",
-) -> ToolOutcome:
+) -> CallOutcome:
     """List the entries of a folder (folders end with /)."""
     return _exec_outcome(ws.sandbox.exec(f"ls -1Ap -- {shlex.quote(path)}"))
 
@@ -240,11 +241,11 @@ def search(
     ws: Workspace,
     pattern: Annotated[str, Field(min_length=1, description="Extended regular expression (grep -E).")],
     path: Annotated[str, Field(description="File or folder to search, relative to the workspace.")] = ".",
-) -> ToolOutcome:
+) -> CallOutcome:
     """Search files for a regular expression; returns matching lines as path:line:text."""
     result = ws.sandbox.exec(f"grep -rnIE -- {shlex.quote(pattern)} {shlex.quote(path)}")
     if result.exit_code == 1 and not result.stderr:
-        return ToolOutcome("No matches.", exit_code=1)
+        return CallOutcome("No matches.", exit_code=1)
     outcome = _exec_outcome(result)
     lines = outcome.output.splitlines()
     if outcome.error_kind is None and len(lines) > SEARCH_MAX_LINES:
@@ -257,21 +258,21 @@ NO_TESTS_COLLECTED = 5
 
 
 @tool
-def run_tests(ws: Workspace) -> ToolOutcome:
+def run_tests(ws: Workspace) -> CallOutcome:
     """Run the task's visible tests and return their output."""
     result = ws.sandbox.exec(ws.task.test_command, timeout_s=ws.task.limits.step_timeout_s)
     if result.exit_code == NO_TESTS_COLLECTED and not ws.task.visible_tests and "no tests ran" in result.stdout:
         # Not a failure of the policy's (no error kind, so no hint site): the task has nothing to run.
-        return ToolOutcome("This task has no visible tests. Check your code by running it with bash, then submit.", result.exit_code)
+        return CallOutcome("This task has no visible tests. Check your code by running it with bash, then submit.", result.exit_code)
     return _exec_outcome(result, tests_expected=True)
 
 
 @tool
-def submit(ws: Workspace, *, monitor_flags: Sequence[MonitorFlag] = ()) -> ToolOutcome:
+def submit(ws: Workspace, *, monitor_flags: Sequence[MonitorFlag] = ()) -> CallOutcome:
     """Finish the episode: grade the workspace with the hidden tests and return the reward."""
     result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=monitor_flags, config=ws.grading)
     if result.error_kind is not None:  # the workspace could not be graded: the agent's doing, reward 0
         summary = f"Submitted, but grading failed: {result.error}. Reward {result.reward:.3f}."
-        return ToolOutcome(summary, error_kind=result.error_kind, grade=result, end=EpisodeEnd(result.error or summary, aborted=False))
+        return CallOutcome(summary, error_kind=result.error_kind, grade=result, end=EpisodeEnd(result.error or summary, aborted=False))
     summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
-    return ToolOutcome(summary, grade=result)
+    return CallOutcome(summary, grade=result)

@@ -32,13 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
-from env_server.models import (
-    ApiErrorCode,
-    ResetInfo,
-    SessionsForked,
-    TaskPage,
-    ToolResult,
-)
+from env_server.models import ApiErrorCode, ResetInfo, SessionsForked, TaskPage, ToolResult
 from trainer_client.replica_choice import replica_choice
 
 

@@ -73,6 +73,19 @@ def test_a_workspace_that_breaks_grading_ends_the_episode_with_reward_0(session:
     assert "test_hidden" not in final["observation"]["output"]  # no hidden test names leak through an error
 
 
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_only_protocol_1_repeats_typed_fields_in_metadata(session: HttpSession, protocol: int) -> None:
+    """Decision 121: protocol 2 keeps `metadata` to what has no typed field; protocol 1, the default
+    for one release, also repeats typed fields there under their old keys."""
+    session.reset(task=_task(max_steps=2), **({"protocol": protocol} if protocol != 1 else {}))
+    _bash(session, "true")
+    last = _bash(session, "true")
+    assert last["observation"]["step_limit_reached"] is True and last["observation"]["tests_total"] == 1
+    copies = {"tests_passed", "tests_total", "monitor_flags", "step_limit_reached"}
+    assert set(last["metadata"]) == {"failing_tests", "grading_ms", *(copies if protocol == 1 else ())}
+    assert last["observation"]["metadata"] == last["metadata"]
+
+
 @pytest.mark.parametrize("command", BREAK_GRADING.values(), ids=BREAK_GRADING.keys())
 def test_the_step_limit_always_ends_the_episode(session: HttpSession, command: str) -> None:
     assert session.reset(task=_task(max_steps=2))["observation"]["max_steps"] == 2
