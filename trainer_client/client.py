@@ -32,7 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from websockets.asyncio.client import connect as ws_connect_async
 from websockets.sync.client import connect as ws_connect
 
-from env_server.models import ApiErrorCode, ResetInfo, SessionsForked, TaskPage, ToolResult
+from env_server.models import (
+    PROTOCOL_VERSION,
+    ApiErrorCode,
+    ResetInfo,
+    SessionsForked,
+    StepObservation,
+    TaskPage,
+)
 from trainer_client.replica_choice import replica_choice
 
 
@@ -112,15 +119,19 @@ class ClientSettings(BaseModel):
 
 
 class StepResult(BaseModel):
-    """One tool call's answer."""
+    """What the service answers a step (OpenEnv's name for it): the step's typed observation, its
+    reward and whether the episode is done."""
 
-    observation: ToolResult
-    """The typed result: output, `error_kind` and hint, and after grading `tests_passed`, `tests_total`,
-    `end_reason`, the step's and the episode's monitor flags."""
+    observation: StepObservation
+    """The typed result: output, `error_kind` and hint, every call's result, and after grading
+    `tests_passed`, `tests_total`, `end_reason`, the step's and the episode's monitor flags."""
     metadata: dict[str, Any] = Field(default_factory=dict)
-    """Extensions (and, for older readers, copies of some typed fields)."""
+    """Extensions only, what has no typed field (`failing_tests`, `grading_ms`, `auto_reset`): this
+    client resets onto `PROTOCOL_VERSION`, which repeats no typed field here."""
     reward: float | None = None
+    """The episode's reward on the step that ended it; None before (and for an aborted episode)."""
     done: bool = False
+    """The episode is over: graded, failed or aborted."""
 
 
 # ------------------------------------------------------------------ the core (no I/O)
@@ -160,7 +171,7 @@ def _reset_info(payload: dict[str, Any]) -> ResetInfo:
 def _step_result(payload: dict[str, Any]) -> StepResult:
     observation = payload["observation"]
     return StepResult(
-        observation=ToolResult.model_validate(observation),
+        observation=StepObservation.model_validate(observation),
         metadata=observation.get("metadata") or {},
         reward=payload.get("reward"),
         done=bool(payload.get("done")),
@@ -248,7 +259,7 @@ class _SessionCore:
         return {"Authorization": f"Bearer {self.settings.api_token}"} if self.settings.api_token else {}
 
     def _reset_request(self, task_id: str | None, seed: int | None, task: dict[str, Any] | None) -> _Request:
-        body: dict[str, Any] = {"show_hints": self.settings.show_hints}
+        body: dict[str, Any] = {"show_hints": self.settings.show_hints, "protocol": PROTOCOL_VERSION}
         for key, value in (("task_id", task_id), ("seed", seed), ("task", task), ("tools", self.settings.tools)):
             if value is not None:
                 body[key] = value
