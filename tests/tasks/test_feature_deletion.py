@@ -8,10 +8,8 @@ The suite builds its sdist locally; the check against PyPI itself is opt-in
 from __future__ import annotations
 
 import ast
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from env_server.grading.grader import grade, prepare_workspace
 from env_server.tasks import default_registry
 from env_server.tasks.feature_deletion import Project, candidates, delete_body, find_packages, generate
 from sandbox import Sandbox, SandboxSpec, open_sandbox
+from tests.support.sdists import local_sdist
 
 SOURCE = '''"""A module."""
 
@@ -90,36 +89,6 @@ def test_deleting_a_body_keeps_docstring_signature_and_the_rest_of_the_file() ->
     ast.parse(modified)
 
 
-MINISTATS = {
-    "ministats/__init__.py": '''"""Small statistics helpers."""
-
-
-def mean(values):
-    """Arithmetic mean."""
-    total = sum(values)
-    count = len(values)
-    return total / count
-
-
-def span(values):
-    """Largest minus smallest."""
-    largest = max(values)
-    smallest = min(values)
-    return largest - smallest
-
-
-def clamp(x, low, high):
-    """x limited to [low, high]."""
-    if x < low:
-        return low
-    return min(x, high)
-''',
-    "tests/test_mean.py": "from ministats import mean\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n",
-    "tests/test_span.py": "from ministats import span\n\n\ndef test_span():\n    assert span([4, 1, 9]) == 8\n",
-    "tests/test_clamp.py": "from ministats import clamp\n\n\ndef test_clamp():\n    assert clamp(5, 0, 3) == 3 and clamp(-1, 0, 3) == 0\n",
-}
-
-
 # A src layout with files beside src/, and two functions whose tests a trivial body passes:
 # `record`'s test only checks that it returns None, `normalise`'s only feeds it a normal form.
 WEAKCHECKS = {
@@ -160,18 +129,6 @@ def normalise(text):
 }
 
 
-def _local_sdist(directory: Path, name: str = "ministats-0.1", files: dict[str, str] = MINISTATS) -> Path:
-    """A real sdist archive of `files`."""
-    path = directory / f"{name}.tar.gz"
-    with tarfile.open(path, "w:gz") as archive:
-        for relative, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{name}/{relative}")
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return path
-
-
 def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> None:
     report = generate(requirement, n, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
     assert report.valid == n and report.tried >= n and report.seconds_per_valid == report.seconds / n
@@ -190,13 +147,13 @@ def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> 
 
 @pytest.mark.docker
 def test_generation_from_a_local_sdist_yields_gradable_tasks(tmp_path: Path) -> None:
-    sdist = _local_sdist(tmp_path)
+    sdist = local_sdist(tmp_path)
     _generate_and_check(str(sdist), 3, tmp_path / "cache", "ministats")
 
 
 @pytest.mark.docker
 def test_candidates_a_trivial_body_passes_are_not_written(tmp_path: Path) -> None:
-    sdist = _local_sdist(tmp_path, "weakchecks-0.1", WEAKCHECKS)
+    sdist = local_sdist(tmp_path, "weakchecks-0.1", WEAKCHECKS)
     cache = tmp_path / "cache"
     report = generate(str(sdist), 3, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
     # Every deletion breaks a test, so all three reach the gate; two are refused there.
