@@ -2,7 +2,7 @@
 gate-valid tasks, and what each valid task costs (decision 057).
 
     python benchmarks/feature_deletion_yield.py [--out out/feature_deletion_yield.json] [--n 5] [--max-tries 15]
-                                                [--seed 0] [--project NAME==VERSION ...]
+                                                [--seed 0] [--project NAME==VERSION ...] [--tiny]
 
 For each project, `feature_deletion.generate` (what `coding-env tasks generate feature-deletion`
 runs): pip downloads the sdist, runs its tests in a Docker sandbox, and tries up to `--max-tries`
@@ -12,6 +12,10 @@ sandbox is refused, and its row says why.
 
 Resumable: every project's result is written to `--out` as soon as it is done, and projects
 already there are skipped; the table is printed from the whole file at the end.
+
+`--tiny` (CI's run, offline): one task from a small project packed here as an sdist
+(`tests/support/sdists.py`), into a scratch results file unless `--out` is given; that project is
+known to give tasks, so a refusal or no valid task fails the run.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ import argparse
 import datetime
 import json
 import tempfile
+import sys
 import time
 from pathlib import Path
 
 from env_server.tasks import feature_deletion
 from sandbox import SandboxSpec, open_sandbox
+
+# The tiny run's sdist is a test helper (tests/support/sdists.py), imported from the repository's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.sdists import local_sdist  # noqa: E402
 
 # Pure-Python sdists with tests, pinned. Flat packages (toolz, idna, inflection, boltons, ...),
 # src layouts with files beside src/ (cachetools, isodate, text-unidecode), single modules
@@ -81,13 +90,21 @@ def table(results: dict[str, dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="out/feature_deletion_yield.json", help="results file (resumable)")
+    parser.add_argument("--out", help="results file (resumable; default out/feature_deletion_yield.json, with --tiny a scratch file)")
     parser.add_argument("--project", action="append", help="NAME==VERSION (repeatable; default: the pinned list)")
     parser.add_argument("--n", type=int, default=5, help="valid tasks wanted per project")
     parser.add_argument("--max-tries", type=int, default=15, help="candidates tried at most per project")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="one task from a local sdist, offline: every path and check, in seconds")
     args = parser.parse_args()
-    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.tiny:
+            args.project, args.n, args.max_tries = [str(local_sdist(Path(scratch)))], 1, 2
+        out = Path(args.out or (Path(scratch) / "results.json" if args.tiny else "out/feature_deletion_yield.json"))
+        run(args, out)
+
+
+def run(args: argparse.Namespace, out: Path) -> None:
     results: dict[str, dict] = json.loads(out.read_text()) if out.exists() else {}
     for requirement in args.project or DEFAULT_PROJECTS:
         if requirement in results:
@@ -103,6 +120,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     print(f"\nn={args.n} valid tasks wanted per project, at most {args.max_tries} candidates tried, seed {args.seed}\n")
     print(table(results))
+    if args.tiny and any("refused" in row or row["valid"] < args.n for row in results.values()):
+        raise SystemExit(f"the tiny project gave no task: {json.dumps(results)[:1000]}")
 
 
 if __name__ == "__main__":
