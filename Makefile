@@ -4,10 +4,18 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 EXTRAS := server,tasks,train,dev,skyrl
 
-.PHONY: test image install wheels compose-offline clean-containers
+.PHONY: test test-unit image install wheels compose-offline clean-containers
 
 test: install image wheels
 	$(PY) -m pytest -q -ra --durations=30
+
+# The tests that need neither a sandbox engine nor a server (losses, packing, parsers, configs,
+# the wire types): no image, no Docker, no bubblewrap. tests/conftest.py marks every test that
+# reaches an engine through a fixture; the areas' conftests mark theirs by file.
+UNIT := not docker and not bwrap and not compose and not redteam
+
+test-unit: install
+	$(PY) -m pytest -q -ra -m "$(UNIT)"
 
 install: $(VENV)/.installed
 

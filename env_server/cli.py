@@ -5,8 +5,23 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from env_server.settings import ServiceSettings
+
+
+def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
+    """How uvicorn serves the app, wherever it runs (`coding-env serve`, the tests' in-process server)."""
+    return {
+        "log_level": settings.log_level,
+        # A line per request is debugging material at hundreds of steps a second (the metrics
+        # count requests); nginx in front of replicas logs none either.
+        "access_log": settings.log_level == "debug",
+        "ws_max_size": settings.max_body_bytes,
+        # Compressing every frame cost about 0.15 ms of the service's CPU per step (docs/benchmarks.md):
+        # frames travel between a trainer and a service on one network, where bytes are cheap.
+        "ws_per_message_deflate": False,
+    }
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -21,13 +36,7 @@ def serve(args: argparse.Namespace) -> int:
     # With --fd the socket is already bound (by a process supervisor, or a test that holds the port
     # across restarts), so no other process can take the port between choosing and binding it.
     where = {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
-    uvicorn.run(
-        create_app(settings),
-        **where,
-        log_level=settings.log_level,
-        ws_max_size=settings.max_body_bytes,
-        timeout_graceful_shutdown=30,
-    )
+    uvicorn.run(create_app(settings), **where, **uvicorn_options(settings), timeout_graceful_shutdown=30)
     return 0
 
 

@@ -140,7 +140,7 @@ class ServiceSettings(BaseSettings):
     """Threads running blocking sandbox calls; 0: `max_sessions + 8`, so every session can run at once."""
 
     log_level: str = "info"
-    """uvicorn log level."""
+    """uvicorn log level; at `debug` it also logs a line per HTTP request."""
 
     @property
     def grading(self) -> GradingConfig:

@@ -11,6 +11,22 @@ import pytest
 if TYPE_CHECKING:
     from tests.support.service import SharedServices
 
+ENGINE_MARKERS = ("docker", "bwrap", "compose", "redteam")
+"""Markers of tests that need a sandbox engine (Docker or bubblewrap) or a server over one."""
+
+ENGINE_FIXTURES = frozenset({"services", "sandbox", "workspace", "docker_client", "make_service", "deployment"})
+"""Fixtures that start a sandbox or a server: a test that uses one needs the engine too."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `docker` every test that reaches the engine through a fixture, so that `make test-unit`
+    (`-m "not docker and not bwrap and not compose and not redteam"`) selects exactly the tests that
+    need neither an engine nor a server. Runs after the areas' own hooks, which mark by file."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in ENGINE_MARKERS) and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)
+
 
 def _leaked_sandboxes(since: float) -> list[str]:
     """Sandbox containers this run left: owned by this process, or by a dead process of ours

@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from env_server.app import create_app
+from env_server.cli import uvicorn_options
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, builtin
 
@@ -59,7 +60,7 @@ def running_service(settings: ServiceSettings, app: FastAPI | None = None) -> It
     base URL once start-up is complete; shuts it down gracefully (every session closed) on exit."""
     app = app or create_app(settings, tasks=builtin_registry())
     # lifespan="on": a failing start-up ends the server instead of serving without its state.
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", ws_max_size=settings.max_body_bytes)
+    config = uvicorn.Config(app, lifespan="on", **{**uvicorn_options(settings), "log_level": "warning"})
     server = _ReadyServer(config)
     with socket.create_server(("127.0.0.1", 0)) as sock:
 
