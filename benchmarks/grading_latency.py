@@ -2,18 +2,23 @@
 
     python benchmarks/grading_latency.py                      # grading, every suite
     python benchmarks/grading_latency.py --generate inflection==0.5.1 --generate cachetools==5.5.0 --n 10
+    python benchmarks/grading_latency.py --tiny               # both, one task each (offline)
 
 Grading: for each suite, the reference solution of `--tasks` tasks is graded twice, once with a
 cold fresh sandbox per grade (`grade`'s default) and once with the grading sandbox taken from a
 warm pool whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached). Baseline in the same run: opening and closing one cold
 sandbox, the floor of cold grading. Generation: `feature_deletion.generate` into a scratch
-cache; tasks per minute and the share of tried candidates that became tasks.
+cache; tasks per minute and the share of tried candidates that became tasks. Every reference solution
+must earn 1.0, cold and warm (else the grader timed a failure) and every generation must give a task.
+`--tiny` (CI's run, offline): one builtin task, and one task generated from a small local sdist
+(`tests/support/sdists.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,8 +26,12 @@ from pathlib import Path
 from env_server.grading.grader import grade, prepare_workspace, prewarm_grader
 from env_server.tasks import default_registry, feature_deletion
 from env_server.tasks.validation import solve
-from samples import percentile
+from samples import checked_exec, checked_grade, percentile
 from sandbox import SandboxSpec, WarmPool, open_sandbox
+
+# The tiny run's sdist is a test helper (tests/support/sdists.py), imported from the repository's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.sdists import local_sdist  # noqa: E402
 
 
 def row(name: str, values: list[float], baseline: float) -> str:
@@ -30,11 +39,11 @@ def row(name: str, values: list[float], baseline: float) -> str:
     return f"| {name} | {p50:.0f} | {percentile(values, 0.99):.0f} | {len(values)} | {p50 / baseline:.2f}x |"
 
 
-def bench_grading(tasks_per_suite: int) -> None:
+def bench_grading(tasks_per_suite: int, suites: list[str] | None, baseline_starts: int) -> None:
     spec = SandboxSpec()
     registry = default_registry()
     starts = []
-    for _ in range(5):
+    for _ in range(baseline_starts):
         began = time.perf_counter()
         open_sandbox(spec).close()
         starts.append((time.perf_counter() - began) * 1000)
@@ -44,7 +53,7 @@ def bench_grading(tasks_per_suite: int) -> None:
     print("|---|---|---|---|---|")
     with open_sandbox(spec) as agent, WarmPool(spec, size=2, start=lambda s: prewarm_grader(open_sandbox(s))) as pool:
         pool.wait_ready()
-        for suite in registry.suites():
+        for suite in suites or registry.suites():
             ids = registry.ids(suite)
             step = max(1, len(ids) // tasks_per_suite)
             chosen = ids[::step][:tasks_per_suite]
@@ -55,11 +64,11 @@ def bench_grading(tasks_per_suite: int) -> None:
             warm: list[float] = []
             for task_id in chosen:
                 task = registry.get(task_id)
-                agent.exec("find . /tmp -mindepth 1 -delete")
+                checked_exec(agent, "find . /tmp -mindepth 1 -delete")
                 prepare_workspace(agent, task)
                 solve(agent, task.metadata)
-                cold.append(grade(agent, task).grading_ms)
-                warm.append(grade(agent, task, fresh_sandbox=pool.checkout).grading_ms)
+                cold.append(checked_grade(grade(agent, task), task_id).grading_ms)
+                warm.append(checked_grade(grade(agent, task, fresh_sandbox=pool.checkout), task_id).grading_ms)
             print(row(f"{suite} / cold", cold, baseline))
             print(row(f"{suite} / warm pool, prewarmed", warm, baseline))
 
@@ -70,6 +79,8 @@ def bench_generation(projects: list[str], n: int) -> None:
     with tempfile.TemporaryDirectory() as cache:
         for requirement in projects:
             report = feature_deletion.generate(requirement, n, 0, Path(cache), lambda: open_sandbox(SandboxSpec()))
+            if not report.valid:
+                raise RuntimeError(f"{requirement} gave no task: {report.model_dump_json()[:500]}")
             print(
                 f"| {report.project} | {report.candidates} | {report.tried} | {report.valid} | "
                 f"{report.valid / max(report.tried, 1):.0%} | {report.seconds:.0f} | {60 * report.valid / report.seconds:.1f} |"
@@ -81,11 +92,17 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10, help="tasks graded per suite")
     parser.add_argument("--generate", action="append", default=[], help="NAME==VERSION to generate from (repeatable)")
     parser.add_argument("--n", type=int, default=10, help="feature-deletion tasks per project")
+    parser.add_argument("--suites", nargs="+", help="suites to grade (default: every registered one)")
+    parser.add_argument("--tiny", action="store_true", help="one builtin task, and one task from a local sdist: every path and check, offline")
     args = parser.parse_args()
-    if args.generate:
+    if args.tiny:
+        bench_grading(1, ["builtin"], baseline_starts=1)
+        with tempfile.TemporaryDirectory() as scratch:
+            bench_generation([str(local_sdist(Path(scratch)))], 1)
+    elif args.generate:
         bench_generation(args.generate, args.n)
     else:
-        bench_grading(args.tasks)
+        bench_grading(args.tasks, args.suites, baseline_starts=5)
 
 
 if __name__ == "__main__":

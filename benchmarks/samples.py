@@ -1,5 +1,5 @@
 """Timing samples, shared by the benchmark scripts: one percentile definition for every figure, and one
-check each of a timed exec's and a timed step's reply."""
+check each of a timed exec's, a timed step's and a timed grade's reply."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from env_server.grading.grader import GradeResult
     from sandbox import ExecResult, Sandbox
 
 
@@ -43,4 +44,12 @@ def checked_exec(sandbox: Sandbox, command: str, timeout_s: float = 30) -> ExecR
     result = sandbox.exec(command, timeout_s=timeout_s)
     if result.exit_code != 0:
         raise RuntimeError(f"{command[:200]!r} failed: {result}")
+    return result
+
+
+def checked_grade(result: GradeResult, task_id: str) -> GradeResult:
+    """A reference solution's grade, or a loud failure when it did not earn 1.0: the grader then timed a
+    failure (a broken sandbox, a grading error), not a grading."""
+    if result.reward != 1.0:
+        raise RuntimeError(f"the reference solution of {task_id} earned {result.reward}: {result.output[-500:]}")
     return result
