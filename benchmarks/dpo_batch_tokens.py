@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from env_server.environment import TOOL_SCHEMAS  # noqa: E402
+from env_server.tools import TOOL_SCHEMAS  # noqa: E402
 from trainer_client.demos import prompt_tool_schemas  # noqa: E402
 from trainer_client.packing import common_prefix_length  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402

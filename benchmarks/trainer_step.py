@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from samples import percentile  # noqa: E402
-from env_server.environment import TOOL_SCHEMAS  # noqa: E402
+from env_server.tools import TOOL_SCHEMAS  # noqa: E402
 from trainer_client.demos import prompt_tool_schemas  # noqa: E402
 from trainer_client.hint_sites import HintSite, HintTemplate  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402

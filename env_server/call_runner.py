@@ -1,7 +1,8 @@
 """Running one step's action: its calls resolved to tools, run in order under the per-step cap,
 blamed when a sandbox fails (docs/decisions/024-who-ends-an-episode.md), hinted, graded when the
-step uses the last of `max_steps`, and summed up as the step's `StepObservation`. A judge's hint that
-comes after the step went out replaces the template in the record."""
+step uses the last of `max_steps`, and summed up as the step's `StepObservation` (with its
+`metadata` under the episode's protocol, decision 121). A judge's hint that comes after the step
+went out replaces the template in the record."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ class StepRun:
     result: StepObservation
     outcome: CallOutcome
     lead: CallResult
+    metadata: dict[str, Any]
+    """The observation's `metadata` under the episode's protocol."""
 
 
 class CallRunner:
@@ -112,7 +115,7 @@ class CallRunner:
         for answer in answered:
             if answer.hint is not None:
                 _take_late_hint(episode, answer.hint, [answer.result, result] if answer is lead else [answer.result])
-        return StepRun(result, outcome, lead.result)
+        return StepRun(result, outcome, lead.result, _metadata(result, outcome, episode.protocol))
 
     def _run_call(self, call: _Call, episode: Episode, *, ran_before: int) -> _Answered:
         """Run one call (or answer its resolution error), grading the workspace when it uses the
@@ -279,6 +282,30 @@ def _step_result(answered: list[_Answered], outcome: CallOutcome, episode: Episo
         calls_found=len(calls),
         calls_run=sum(call.ran for call in calls),
     )
+
+
+def _metadata(result: StepObservation, outcome: CallOutcome, protocol: int) -> dict[str, Any]:
+    """The observation's `metadata`: the grading details that have no typed field and, for protocol
+    1 only, the typed fields again under the keys clients read before those fields existed
+    (docs/api.md, "Protocol versions"). There `monitor_flags` is the episode's flags, on the step
+    that ends it only."""
+    metadata: dict[str, Any] = {}
+    grade = outcome.grade
+    if grade is not None:
+        metadata.update(failing_tests=list(grade.failing_tests), grading_ms=grade.grading_ms)
+    if protocol > 1:
+        return metadata
+    if grade is not None:
+        metadata.update(tests_passed=grade.tests_passed, tests_total=grade.tests_total, monitor_flags=[str(flag) for flag in grade.monitor_flags])
+    elif outcome.done and result.episode_monitor_flags:
+        metadata["monitor_flags"] = [str(flag) for flag in result.episode_monitor_flags]
+    if result.end_reason is not None:
+        metadata.update(aborted=result.aborted, reason=result.end_reason)
+    if result.step_limit_reached:
+        metadata["step_limit_reached"] = True
+    if result.underlying_error_kind is not None:
+        metadata["underlying_error_kind"] = result.underlying_error_kind.value
+    return metadata
 
 
 def _with_hint(output: str, hint: str | None, show_hints: bool) -> str:

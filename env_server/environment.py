@@ -12,7 +12,6 @@ This is the face: it validates what reset asks for and delegates the rest to the
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -23,17 +22,17 @@ from openenv.core.env_server.types import EnvironmentMetadata, Observation
 from pydantic import ValidationError
 
 from env_server.call_runner import CallRunner
-from env_server.episode import Episode
+from env_server.episode import Episode, episode_tools
 from env_server.forking import continued_episode, fork_sandboxes
 from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, ErrorKind, StepObservation, TaskSpec
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, ErrorKind, TaskSpec
 from env_server.openenv_models import AnyAction, CodingObservation, CodingResetObservation, CodingState, ListToolsStep
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
 from env_server.tool_call_parser import TOOL_CALL_FAMILIES
-from env_server.tools import TOOLS, CallOutcome, Workspace
+from env_server.tools import TOOLS, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
@@ -44,32 +43,6 @@ FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
     ErrorKind.TYPE_ERROR: ToolErrorType.INVALID_ARGS,
     ErrorKind.SANDBOX_ERROR: ToolErrorType.TRANSPORT_ERROR,
 }
-
-TOOL_SCHEMAS: dict[str, dict[str, Any]] = {name: t.openai_schema() for name, t in TOOLS.items()}
-
-
-def prompt_footer(tool_names: Sequence[str]) -> str:
-    """Appended to every task's prompt at reset: a small model must be told how the episode works."""
-    return (
-        f"\n\nWork only by calling the tools: {', '.join(tool_names)}. "
-        "Call submit when you are done: it ends the episode and grades your work with hidden tests."
-    )
-
-
-def episode_tools(names: Sequence[str] | None) -> tuple[str, ...]:
-    """An episode's tools in the service's order: every tool for None, else `names` plus `submit`
-    (the call that ends an episode is never taken away)."""
-    if names is None:
-        return tuple(TOOLS)
-    unknown = sorted(set(names) - set(TOOLS))
-    if unknown:
-        raise ServiceError(
-            ApiErrorCode.INVALID_REQUEST,
-            f"unknown tools {unknown}; choose from: {', '.join(TOOLS)}",
-            {"tools": list(names), "allowed": list(TOOLS)},
-        )
-    return tuple(name for name in TOOLS if name in names or name == "submit")
-
 
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     """One session's environment. Not thread-safe: the session manager serialises calls."""
@@ -141,19 +114,18 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         except Exception as exc:
             sandbox.close()
             raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"preparing the workspace of {spec.id!r} failed: {exc}") from exc
-        record = EpisodeRecord(
+        self._episode = episode = Episode.start(
+            self._workspace(sandbox, spec),
             session_id=self._session_id or "",
-            episode_id=episode_id or uuid.uuid4().hex,
-            task_id=spec.id,
-            prompt=spec.prompt + prompt_footer(tool_names),
-            tools=[TOOL_SCHEMAS[name] for name in tool_names],
-            started_at=time.time(),
+            episode_id=episode_id,
+            tools=tool_names,
+            show_hints=show_hints,
+            log=self._episode_log,
+            tool_call_format=tool_call_format,
+            max_calls_per_step=max_calls_per_step,
+            protocol=protocol,
         )
-        self._episode = Episode(
-            self._workspace(sandbox, spec), record, show_hints, log=self._episode_log,
-            tool_call_format=tool_call_format, max_calls_per_step=max_calls_per_step, tools=tool_names, protocol=protocol,
-        )
-        return CodingResetObservation(task_id=spec.id, prompt=record.prompt, tools=record.tools, max_steps=spec.limits.max_steps)
+        return CodingResetObservation(task_id=spec.id, prompt=episode.record.prompt, tools=episode.record.tools, max_steps=spec.limits.max_steps)
 
     def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
         if isinstance(action, ListToolsStep):
@@ -169,7 +141,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=run.lead.output) if kind in FRAMEWORK_ERRORS else None,
             done=outcome.done,
             reward=outcome.reward,
-            metadata=_metadata(result, outcome, episode.protocol),
+            metadata=run.metadata,
         )
         episode.record_step(action.model_dump(exclude={"metadata"}), result, outcome, started_at=started_at)
         if outcome.done:
@@ -266,27 +238,3 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         if self._episode.done and not allow_done:
             raise ServiceError(ApiErrorCode.EPISODE_DONE, "the episode is over; reset to start another")
         return self._episode
-
-
-def _metadata(result: StepObservation, outcome: CallOutcome, protocol: int) -> dict[str, Any]:
-    """The observation's `metadata`: the grading details that have no typed field and, for protocol
-    1 only, the typed fields again under the keys clients read before those fields existed
-    (docs/api.md, "Protocol versions"). There `monitor_flags` is the episode's flags, on the step
-    that ends it only."""
-    metadata: dict[str, Any] = {}
-    grade = outcome.grade
-    if grade is not None:
-        metadata.update(failing_tests=list(grade.failing_tests), grading_ms=grade.grading_ms)
-    if protocol > 1:
-        return metadata
-    if grade is not None:
-        metadata.update(tests_passed=grade.tests_passed, tests_total=grade.tests_total, monitor_flags=[str(flag) for flag in grade.monitor_flags])
-    elif outcome.done and result.episode_monitor_flags:
-        metadata["monitor_flags"] = [str(flag) for flag in result.episode_monitor_flags]
-    if result.end_reason is not None:
-        metadata.update(aborted=result.aborted, reason=result.end_reason)
-    if result.step_limit_reached:
-        metadata["step_limit_reached"] = True
-    if result.underlying_error_kind is not None:
-        metadata["underlying_error_kind"] = result.underlying_error_kind.value
-    return metadata

@@ -1,5 +1,5 @@
-"""One episode of a session: its workspace and record, the state that carries from step to step,
-and how it ends and is recorded (docs/decisions/118-episode-viewer.md).
+"""One episode of a session: its tools and prompt, its workspace and record, the state that carries
+from step to step, and how it ends and is recorded (docs/decisions/118-episode-viewer.md).
 
 The record is written here and nowhere else: a step is appended as it goes out; the ending, the
 grade's counts and the monitor's flags (withheld from every observation until then) when the
@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from typing import Any
 
 from env_server.error_kinds import FailureStreak
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, EpisodeEnding, EpisodeRecord, MonitorFlag, StepObservation, TaskSpec, TrajectoryStep
-from env_server.tools import TOOLS, CallOutcome, Workspace
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, MonitorFlag, StepObservation, TaskSpec, TrajectoryStep
+from env_server.service_errors import ServiceError
+from env_server.tools import TOOL_SCHEMAS, TOOLS, CallOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
@@ -53,6 +55,36 @@ class Episode:
     """One per judge answer still on its way; done once the answer is in the record."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Orders the judge's threads against the session's around `done` and `late_hints`."""
+
+    @classmethod
+    def start(
+        cls,
+        workspace: Workspace,
+        *,
+        session_id: str,
+        episode_id: str | None,
+        tools: tuple[str, ...],
+        show_hints: bool,
+        log: EpisodeLog | None,
+        tool_call_format: str | None,
+        max_calls_per_step: int,
+        protocol: int,
+    ) -> Episode:
+        """A new episode on `workspace` (prepared for its task), its record opened with the prompt
+        and the schemas of `tools`, with what reset asked for."""
+        task = workspace.task
+        record = EpisodeRecord(
+            session_id=session_id,
+            episode_id=episode_id or uuid.uuid4().hex,
+            task_id=task.id,
+            prompt=task.prompt + prompt_footer(tools),
+            tools=[TOOL_SCHEMAS[name] for name in tools],
+            started_at=time.time(),
+        )
+        return cls(
+            workspace, record, show_hints, log=log, tool_call_format=tool_call_format,
+            max_calls_per_step=max_calls_per_step, tools=tools, protocol=protocol,
+        )
 
     @property
     def task(self) -> TaskSpec:
@@ -143,6 +175,29 @@ class Episode:
     def _log(self) -> None:
         if self.log is not None:
             self.log.append(self.record)
+
+
+def prompt_footer(tool_names: Sequence[str]) -> str:
+    """Appended to every task's prompt at reset: a small model must be told how the episode works."""
+    return (
+        f"\n\nWork only by calling the tools: {', '.join(tool_names)}. "
+        "Call submit when you are done: it ends the episode and grades your work with hidden tests."
+    )
+
+
+def episode_tools(names: Sequence[str] | None) -> tuple[str, ...]:
+    """An episode's tools in the service's order: every tool for None, else `names` plus `submit`
+    (the call that ends an episode is never taken away)."""
+    if names is None:
+        return tuple(TOOLS)
+    unknown = sorted(set(names) - set(TOOLS))
+    if unknown:
+        raise ServiceError(
+            ApiErrorCode.INVALID_REQUEST,
+            f"unknown tools {unknown}; choose from: {', '.join(TOOLS)}",
+            {"tools": list(names), "allowed": list(TOOLS)},
+        )
+    return tuple(name for name in TOOLS if name in names or name == "submit")
 
 
 def ending(outcome: CallOutcome) -> EpisodeEnding:

@@ -276,3 +276,7 @@ def submit(ws: Workspace, *, monitor_flags: Sequence[MonitorFlag] = ()) -> CallO
         return CallOutcome(summary, error_kind=result.error_kind, grade=result, end=EpisodeEnd(result.error or summary, aborted=False))
     summary = f"Submitted: {result.tests_passed}/{result.tests_total} hidden tests passed, reward {result.reward:.3f}."
     return CallOutcome(summary, grade=result)
+
+
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {name: t.openai_schema() for name, t in TOOLS.items()}
+"""Every tool's OpenAI function schema, by name, in the service's order (what reset publishes)."""

@@ -13,7 +13,8 @@ import docker
 import httpx
 import pytest
 
-from env_server.environment import CodingEnvironment, prompt_footer
+from env_server.environment import CodingEnvironment
+from env_server.episode import prompt_footer
 from env_server.grading.grader import GRADE_COMMAND
 from env_server.hints import HintGenerator
 from env_server.openenv_models import ACTIONS, AnyAction
