@@ -3,6 +3,7 @@
     python benchmarks/parser_worst_case.py                    # the working tree's parser, 4 MiB
     python benchmarks/parser_worst_case.py --rev HEAD~3       # the parser as it was at a commit
     python benchmarks/parser_worst_case.py --families hermes,react --size-mib 1 --modes pinned
+    python benchmarks/parser_worst_case.py --tiny             # one family, 64 KiB, every shape both ways (CI)
 
 For every family, the message shapes below are built from the family's own rendering of a call
 (so every family gets the same attacks in its own tokens) and parsed with the family detected
@@ -10,7 +11,8 @@ and pinned. Each case runs in a child process with a wall-clock limit (a super-l
 would otherwise hold the benchmark for minutes), `--repeats` times; the table gives the median
 and max seconds per family and shape, and whether every reply was a sane typed result: a list
 of at most 64 well-formed calls (the realistic shapes: the calls put in), or the parser's typed
-error. The last lines give the worst case per family.
+error. The last lines give the worst case per family. A reply that is not sane (a case killed at its
+limit, a crash, a wrong result) fails the run after the table.
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ def _fill(unit: str, size: int) -> str:
     return (unit * (size // max(len(unit), 1) + 1))[:size]
 
 
+def _whole(unit: str, size: int) -> str:
+    """`unit` repeated whole, at most `size` characters: an escaped value cut inside an escape sequence
+    would no longer be the call put in (its closing quote escaped), at some sizes and not others."""
+    return unit * (size // max(len(unit), 1))
+
+
 def _split(family: str, name: str = "bash", key: str = "command") -> tuple[str, str]:
     """The family's call of `name` cut where the value of its argument `key` goes."""
     head, tail = RENDER[family](name, {"path": "a.py", key: SENTINEL} if key == "content" else {key: SENTINEL}).split(SENTINEL)
@@ -117,9 +125,9 @@ def _escaped(family: str, text: str) -> str:
 Shape = Callable[[str, int], str]
 SHAPES: dict[str, Shape] = {
     # One call writing a big file: the common large message.
-    "realistic": lambda f, n: _around(f, n, lambda k: _fill(_escaped(f, CODE_LINE), k)),
+    "realistic": lambda f, n: _around(f, n, lambda k: _whole(_escaped(f, CODE_LINE), k)),
     # The same with no newline anywhere (one long line).
-    "one_line": lambda f, n: _around(f, n, lambda k: _fill(_escaped(f, CODE_LINE.replace("\n", " ")), k)),
+    "one_line": lambda f, n: _around(f, n, lambda k: _whole(_escaped(f, CODE_LINE.replace("\n", " ")), k)),
     # Many small calls (the parser reads at most 64).
     "many_calls": lambda f, n: _fill(RENDER[f]("bash", {"command": "ls"}) + "\n", n),
     # The call's text with its quotes unescaped: JSON repair's path.
@@ -201,8 +209,11 @@ def main() -> None:
     parser.add_argument("--families", help="comma-separated families (default: every registered one)")
     parser.add_argument("--shapes", help="comma-separated shapes (default: all)")
     parser.add_argument("--modes", default="detect,pinned", help="detect (family found per message), pinned, or both")
+    parser.add_argument("--tiny", action="store_true", help="hermes only, 64 KiB, once: every shape and mode, in seconds")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tiny:
+        args.families, args.size_mib, args.repeats = "hermes", 1 / 16, 1
     if args.one:
         family, shape, size, pinned = args.one
         print(json.dumps(_run_case(family, shape, int(size), pinned == "1")))
@@ -237,6 +248,8 @@ def main() -> None:
         for family, (seconds, case) in sorted(worst.items(), key=lambda kv: -kv[1][0]):
             print(f"  {family:<18} {seconds:>8.3f} s  {case}")
         print(f"\nslowest overall: {max(s for s, _ in worst.values()):.3f} s; replies not sane: {', '.join(insane) or 'none'}")
+        if insane:
+            raise SystemExit(f"replies not sane: {', '.join(insane)}")
 
 
 if __name__ == "__main__":
