@@ -2,12 +2,13 @@
 output, a lookup of the shown examples or a raising stub earns, scored on the host against every
 call-table task's hidden calls (the validity gate's host side, `env_server.tasks.baselines`).
 
-    python benchmarks/trivial_baselines.py [--suites builtin humaneval warmup codeio] [--before REV]
+    python benchmarks/trivial_baselines.py [--suites builtin humaneval warmup codeio] [--before REV] [--tiny]
 
 For each suite: tasks built, tasks the gate refused, tasks served, and among the served the share that
 any baseline earns reward on (the goal is 0) and the mean of the best baseline's reward. `--before REV`
 also scores the suites as revision REV built them (a git worktree, each task dumped by that revision's
-own code, then scored here without the gate), for a before/after table in one run.
+own code, then scored here without the gate), for a before/after table in one run. `--tiny` (CI's run):
+the builtin suite only.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suites", nargs="+", default=DEFAULT_SUITES)
     parser.add_argument("--before", help="also score the suites as this git revision built them")
+    parser.add_argument("--tiny", action="store_true", help="the builtin suite only, in seconds")
     args = parser.parse_args()
+    if args.tiny:
+        args.suites = ["builtin"]
     print(HEADER)
     if args.before:
         print("\n".join(before_rows(args.before, args.suites)))
