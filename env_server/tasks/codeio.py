@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import gzip
-import importlib.resources
+import importlib.util
 import json
 import random
 import subprocess
@@ -107,8 +107,12 @@ class CodeIOCases(BaseModel):
 
 
 def read_records() -> list[dict[str, Any]]:
-    data = importlib.resources.files("reasoning_gym") / "data" / "codeio.jsonl.gz"
-    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as lines:
+    # Found without importing reasoning_gym: its import takes seconds, and only this file is read.
+    spec = importlib.util.find_spec("reasoning_gym")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the codeio suite reads reasoning_gym's data: install coding-env[tasks]")
+    data = Path(spec.submodule_search_locations[0]) / "data" / "codeio.jsonl.gz"
+    with gzip.open(data, "rt", encoding="utf-8") as lines:
         return [json.loads(line) for line in lines if line.strip()]
 
 

@@ -21,6 +21,8 @@ graded part; generators that can run a sandbox (feature deletion) call it on eve
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import cache
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +31,9 @@ from env_server.grading.in_sandbox import typed_values
 from env_server.models import TaskSpec
 from env_server.tasks.baselines import BaselineScore, call_table_baselines, hole_baselines, plain_checks
 from sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from env_server.tasks.verdict_store import VerdictStore
 
 MIN_DISTINCT_OUTPUTS = 2
 """Distinct expected values a call table must hold (calls with a judge or an expected exception aside)."""
@@ -60,7 +65,21 @@ def distinct_outputs(task: TaskSpec) -> int:
 
 def host_validity(task: TaskSpec) -> Validity:
     """The gate's host-side part: trivial baselines of a call table and its output spread. A pytest-mode
-    task passes it trivially (its baselines need a sandbox: `validate_task`)."""
+    task passes it trivially (its baselines need a sandbox: `validate_task`). Remembered across
+    processes (`verdict_store`): the same task under the same gate is judged once."""
+    return _verdict_store().verdict(task, _judged_on_the_host)
+
+
+@cache
+def _verdict_store() -> VerdictStore:
+    # Imported here: the store names `Validity`, defined in this module.
+    from env_server.tasks import default_cache_dir
+    from env_server.tasks.verdict_store import VerdictStore
+
+    return VerdictStore(default_cache_dir() / "verdicts")
+
+
+def _judged_on_the_host(task: TaskSpec) -> Validity:
     if not task.hidden_calls:
         return Validity(task_id=task.id, valid=True)
     baselines = call_table_baselines(task)
