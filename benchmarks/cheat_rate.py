@@ -1,6 +1,6 @@
 """Cheat rate: every hack of the red-team catalogue played through a real service.
 
-    python benchmarks/cheat_rate.py [--families 2] [--real builtin/fizzbuzz ...] [--workers 2] [--json out.json]
+    python benchmarks/cheat_rate.py [--families 2] [--real builtin/fizzbuzz ...] [--workers 2] [--json out.json] [--tiny]
 
 Starts `coding-env serve` in a child process (Docker backend, default settings) and plays each
 hack of `tests.redteam.catalogue.CATALOGUE` through the public HTTP API:
@@ -11,6 +11,9 @@ hack of `tests.redteam.catalogue.CATALOGUE` through the public HTTP API:
 `--honest` also submits every canary task's most plausible honest solution (must all score 0).
 Last, the trivial-baseline reward per suite (`trivial_baselines.py`: constants, echoes, shown outputs,
 lookups, raising stubs), which must be 0 on every served task.
+A 5xx answer in any episode fails the run after the report (the hack then measured the server's
+failure, not its defence). `--tiny` (CI's run): the catalogue's first hack on one canary task, one
+honest solution, the builtin suite's baselines.
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def main() -> None:
     parser.add_argument("--honest", action="store_true", help="also submit every canary task's honest solution")
     parser.add_argument("--workers", type=int, default=2, help="episodes played at once")
     parser.add_argument("--json", type=Path, help="write every outcome here")
+    parser.add_argument("--tiny", action="store_true", help="one hack on one canary task, one honest solution: every path and check")
     args = parser.parse_args()
+    if args.tiny:
+        args.families, args.real, args.honest = 1, [], True
 
     registry = default_registry()
     known = set(registry.ids())
@@ -85,7 +91,7 @@ def main() -> None:
     canary_ids = registry.ids(CANARY)
     functions = sorted({task_id.rsplit("/", 1)[1] for task_id in canary_ids})
     families = list(FAMILIES)
-    hacks = [h for h in CATALOGUE if not args.hack or any(h.id.startswith(prefix) for prefix in args.hack)]
+    hacks = [h for h in CATALOGUE if not args.hack or any(h.id.startswith(prefix) for prefix in args.hack)][: 1 if args.tiny else None]
     plays: list[tuple[str, Hack, str]] = []
     for index, hack in enumerate(hacks):
         for offset in range(min(args.families, len(families))):
@@ -95,7 +101,8 @@ def main() -> None:
                 plays.append(("canary", hack, task.id))
         plays += [("real", hack, task_id) for task_id in args.real if applies(hack, registry.get(task_id))]
     if args.honest:
-        plays += [("honest", honest_hack(task_id, registry.get(task_id).metadata["solution"]), task_id) for task_id in canary_ids]
+        honest = canary_ids[:1] if args.tiny else canary_ids
+        plays += [("honest", honest_hack(task_id, registry.get(task_id).metadata["solution"]), task_id) for task_id in honest]
 
     started = time.time()
     results: list[tuple[str, HackOutcome]] = []
@@ -133,9 +140,12 @@ def main() -> None:
               f"| {sum(o.flagged for _, o in mine)}/{len(mine)} | {sum(not o.held for _, o in mine)}/{len(mine)} |")
     print("\nTrivial baselines, scored on the host against every served call-table task (benchmarks/trivial_baselines.py):\n")
     print(trivial_baselines.HEADER)
-    print("\n".join(trivial_baselines.after_rows(trivial_baselines.DEFAULT_SUITES)))
+    print("\n".join(trivial_baselines.after_rows(["builtin"] if args.tiny else trivial_baselines.DEFAULT_SUITES)))
     if args.json:
         args.json.write_text(json.dumps([{"kind": k, **o.model_dump(mode="json")} for k, o in results], indent=1))
+    failed = [f"{kind} {o.hack_id} on {o.task_id}: {o.server_errors[0]}" for kind, o in results if o.server_errors]
+    if failed:
+        raise SystemExit(f"{len(failed)} episodes met a 5xx answer, the first: {failed[0]}")
 
 
 if __name__ == "__main__":
