@@ -1,5 +1,5 @@
 """Timing samples, shared by the benchmark scripts: one percentile definition for every figure, and one
-check each of a timed exec's, a timed step's and a timed grade's reply."""
+check each of a timed exec's, a timed step's, a timed grade's and a timed training step's reply."""
 
 from __future__ import annotations
 
@@ -53,3 +53,10 @@ def checked_grade(result: GradeResult, task_id: str) -> GradeResult:
     if result.reward != 1.0:
         raise RuntimeError(f"the reference solution of {task_id} earned {result.reward}: {result.output[-500:]}")
     return result
+
+
+def checked_loss(loss: float, where: str) -> float:
+    """A training step's loss, or a loud failure when it is not finite: a step that produced NaN trained nothing."""
+    if not math.isfinite(loss):
+        raise RuntimeError(f"{where}: the loss is {loss}")
+    return loss

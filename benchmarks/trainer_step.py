@@ -18,6 +18,8 @@ Usage:
     python benchmarks/trainer_step.py --preset cpu [--jsd-top-k 100] [--site-turns last] [--teacher-runs-contexts] [--activation-checkpointing on]
     python benchmarks/trainer_step.py --preset smollm2 --jsd-top-k 100 [--dpo-pairs 1] [--dpo-contexts states] [--service-tools] [--dpo-runs-head]   # SmolLM2-135M's shape, ~20 min on 2 cores
     python benchmarks/trainer_step.py --preset gpu      # 0.52B params, vocab 49152, 2,048-token completions, bf16
+    python benchmarks/trainer_step.py --tiny            # the tiny preset: the gpu preset's code path, as small as it goes (CI)
+A step whose loss or gradient norm is not finite fails the run.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from samples import percentile  # noqa: E402
+from samples import checked_loss, percentile  # noqa: E402
 from env_server.tools import TOOL_SCHEMAS  # noqa: E402
 from trainer_client.demos import prompt_tool_schemas  # noqa: E402
 from trainer_client.hint_sites import HintSite, HintTemplate  # noqa: E402
@@ -52,8 +54,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(hidden=256, layers=4, heads=4, kv_heads=2, batch=4, prompt=64, turns=4, turn_tokens=48,
                 tool_tokens=16, sites_per_sample=1, site_turns="first", dpo_pairs=2, dpo_length=128, repetitions=10,
                 dtype="float32", activation_checkpointing=False),
-    # The GPU check's dry run (benchmarks/gpu_check.py --dry-run): the gpu preset's code path (bf16 weights,
-    # activation checkpointing), as small as it goes.
+    # `--tiny` (CI, and the GPU check's dry run): the gpu preset's code path (bf16 weights, activation
+    # checkpointing), as small as it goes.
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, batch=2, prompt=32, turns=2, turn_tokens=16, tool_tokens=8,
                  sites_per_sample=1, site_turns="first", dpo_pairs=1, dpo_length=64, repetitions=1, dtype="bfloat16",
                  activation_checkpointing=True),
@@ -209,18 +211,23 @@ class Arm:
         # As transformers' training loop prepares them (mixed-precision autocast, device placement).
         self.model, self.optimizer = self.trainer.accelerator.prepare(self.trainer.model, self.trainer.optimizer)
         self.device = device
+        self.name = name
 
     def step(self) -> tuple[float, float]:
-        """One optimizer step: (wall seconds, process CPU seconds)."""
+        """One optimizer step: (wall seconds, process CPU seconds). A loss or gradient norm that is not
+        finite fails the run (after the step: reading them synchronises, so the timing excludes it)."""
         trainer = self.trainer
         wall, cpu = time.perf_counter(), time.process_time()
-        trainer.training_step(self.model, [{}] * trainer.args.per_device_train_batch_size, None)
-        trainer.accelerator.clip_grad_norm_(self.model.parameters(), trainer.args.max_grad_norm)
+        loss = trainer.training_step(self.model, [{}] * trainer.args.per_device_train_batch_size, None)
+        norm = trainer.accelerator.clip_grad_norm_(self.model.parameters(), trainer.args.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - wall, time.process_time() - cpu
+        timed = time.perf_counter() - wall, time.process_time() - cpu
+        checked_loss(loss.item(), f"{self.name}: a step")
+        checked_loss(norm.item(), f"{self.name}: a step's gradient norm")
+        return timed
 
 
 def current_rss_bytes() -> int:
@@ -247,6 +254,7 @@ def measure_peak(name: str, p: dict[str, Any], device: torch.device, args: argpa
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="the tiny preset (--preset tiny): every path and check, as small as it goes")
     parser.add_argument("--repetitions", type=int, help="measured steps per arm, interleaved (after one warm-up each)")
     parser.add_argument("--jsd-top-k", type=int, help="the trainer's `jsd_top_k` (default: its own, the full vocabulary)")
     parser.add_argument("--site-turns", choices=["first", "last"],
@@ -269,6 +277,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file (benchmarks/gpu_check.py reads it)")
     parser.add_argument("--peak-of", choices=ARMS, help=argparse.SUPPRESS)  # internal: one arm's peak memory
     args = parser.parse_args()
+    if args.tiny:
+        args.preset = "tiny"
     preset = dict(PRESETS[args.preset])
     if args.repetitions:
         preset["repetitions"] = args.repetitions
