@@ -1,6 +1,6 @@
 """Time of TRL's tool loop inside `ComposerTrainer`: serial (TRL's loop) vs concurrent tool rounds.
 
-    python benchmarks/trainer_tool_rounds.py [--rollouts 8] [--rounds 5] [--steps 8] [--command "python3 -c pass"]
+    python benchmarks/trainer_tool_rounds.py [--rollouts 8] [--rounds 5] [--steps 8] [--command "python3 -c pass"] [--tiny]
 
 Starts `coding-env serve` (Docker backend) in a child process and trains a tiny random policy
 whose sampler is scripted (a random model emits no tool calls): every rollout calls `bash` with
@@ -8,6 +8,8 @@ whose sampler is scripted (a random model emits no tool calls): every rollout ca
 `concurrent_tool_calls` on and off (the first of each is a warm-up), and the time of each step's
 `_tool_call_loop` (all tool rounds of the generation batch, generation between rounds included)
 and of the whole step is reported as median and maximum per mode, with the serial/concurrent ratio.
+Every timed `bash` call must succeed and every step's loss be finite, else the run fails. `--tiny`
+(CI's run): 2 rollouts, 1 round of `true`, 4 steps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from samples import checked_loss  # noqa: E402
 from service_latency import start_service, wait_pool  # noqa: E402
 
 from trainer_client.client import ClientSettings  # noqa: E402
@@ -61,6 +64,10 @@ class ScriptedRoundsTrainer(ComposerTrainer):
         started = time.perf_counter()
         result = super()._tool_call_loop(*args)
         self.loop_times.append((self.args.concurrent_tool_calls, time.perf_counter() - started))
+        failed = [call for environment in self.environments for call in environment.tool_calls
+                  if call.tool_name == "bash" and call.error_kind is not None]
+        if failed:
+            raise RuntimeError(f"{len(failed)} timed bash calls failed, the first: {failed[0]}")
         return result
 
 
@@ -89,7 +96,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="training steps, alternating modes (even, >= 4)")
     parser.add_argument("--command", default="python3 -c pass")
+    parser.add_argument("--tiny", action="store_true", help="2 rollouts, 1 round of `true`, 4 steps: every path and check")
     args = parser.parse_args()
+    if args.tiny:
+        args.rollouts, args.rounds, args.steps, args.command = 2, 1, 4, "true"
 
     process, address = start_service(pool_size=args.rollouts, max_sessions=args.rollouts + 2)
     try:
@@ -115,6 +125,9 @@ def main() -> int:
                 trainer.train()
             finally:
                 trainer.close_environments()
+            for row in trainer.state.log_history:
+                if "loss" in row:
+                    checked_loss(row["loss"], f"step {row['step']}")
     finally:
         process.terminate()
         process.wait(timeout=60)
