@@ -11,6 +11,7 @@ tokens per mini-batch, and the mean's ratio to one row per pair. "head read": le
 shares with a rollout's prompt, which the trainer reads from GRPO's forward (decision 079).
 Usage:
     python benchmarks/dpo_batch_tokens.py trainer_client/configs/data/cpu_smoke_pairs.jsonl [--batch-size 2] [--max-length 2048]
+    python benchmarks/dpo_batch_tokens.py --tiny       # that file, one pass each way (CI)
 """
 
 from __future__ import annotations
@@ -29,17 +30,27 @@ from trainer_client.packing import common_prefix_length  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402
 from trainer_client.preferences import PreferenceBatches, load_preference_pairs  # noqa: E402
 
+SMOKE_PAIRS = Path(__file__).resolve().parents[1] / "trainer_client" / "configs" / "data" / "cpu_smoke_pairs.jsonl"
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("pairs", type=Path, help="preference pairs JSONL (`coding-train replay`'s output)")
+    parser.add_argument("pairs", type=Path, nargs="?", help="preference pairs JSONL (`coding-train replay`'s output); --tiny: the CPU smoke pairs")
     parser.add_argument("--batch-size", type=int, default=2, help="the trainer's dpo_batch_size")
     parser.add_argument("--max-length", type=int, default=2048, help="the trainer's dpo_max_length")
     parser.add_argument("--tokenizer", help="a tokenizer path or name (default: SmolLM2's, with the tool template)")
     parser.add_argument("--passes", type=int, default=20, help="passes over the pairs drawn each way")
+    parser.add_argument("--tiny", action="store_true", help="one pass each way, of the CPU smoke pairs unless a file is given")
     args = parser.parse_args()
+    if args.tiny:
+        args.passes = 1
+        args.pairs = args.pairs or SMOKE_PAIRS
+    if args.pairs is None:
+        parser.error("give a pairs file (or --tiny)")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else load_tool_tokenizer()
     pairs = load_preference_pairs(args.pairs)
+    if not pairs:
+        raise SystemExit(f"{args.pairs} holds no preference pairs: there is nothing to count")
     tools = prompt_tool_schemas(list(TOOL_SCHEMAS.values()))
     samplers = {
         grouped: PreferenceBatches(
