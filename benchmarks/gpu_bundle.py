@@ -28,6 +28,10 @@ call carries can replace it:
 
 Usage:
     python benchmarks/gpu_bundle.py [--out .gpu_bundle] [--part-mib 60] [--python-version 3.12]
+    python benchmarks/gpu_bundle.py --tiny        # offline: no wheels, bwrap in parts of 256 KiB, in a scratch folder (CI)
+
+Every bundle is unpacked once as the GPU host does (`gpu_check.unpack_bundle`, each file against the
+manifest) before the script reports it: a part that would not unpack there fails here.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,23 +261,45 @@ def write_parts(parts: list[list[Piece]], out: Path, carried: dict[str, str]) ->
     return manifest
 
 
+def unpacks(out: Path, files: list[tuple[Path, str]]) -> None:
+    """Unpack the bundle in `out` as the GPU host does; a file missing or changed fails the run."""
+    from gpu_check import unpack_bundle  # a sibling script: importable where this one runs as a script
+
+    with tempfile.TemporaryDirectory() as work:
+        wheels, bwrap = unpack_bundle(out, Path(work))
+        unpacked = {f"wheels/{wheel.name}": wheel for wheel in wheels} | {f"bwrap/{path.name}": path for path in bwrap.glob("*")}
+        for source, name in files:
+            if name not in unpacked or unpacked[name].read_bytes() != source.read_bytes():
+                raise SystemExit(f"gpu_bundle: {name} does not unpack from {out} as it was packed")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / ".gpu_bundle", help="the bundle folder (git-ignored)")
+    parser.add_argument("--out", type=Path, help="the bundle folder (git-ignored; default .gpu_bundle, with --tiny a scratch folder)")
     parser.add_argument("--part-mib", type=float, default=60.0, help="the most one part may hold")
     parser.add_argument("--python-version", default="3.12", help="the GPU host's Python (wheels are for it)")
     parser.add_argument("--downloads", type=Path, default=REPO / "build" / "gpu_bundle_downloads", help="wheel cache")
+    parser.add_argument("--tiny", action="store_true", help="offline: no wheels downloaded, bwrap packed in parts of 256 KiB")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.tiny:
+            args.part_mib, args.downloads = 0.25, Path(scratch) / "downloads"
+        args.out = args.out or (Path(scratch) / "bundle" if args.tiny else REPO / ".gpu_bundle")
+        return bundle(args)
 
+
+def bundle(args: argparse.Namespace) -> int:
     tree = working_tree_bytes()
     part_bytes = int(min(args.part_mib * MIB, CALL_LIMIT - tree - MIB // 4))
     carried = to_carry(dependency_closure(args.python_version), host_packages())
     print(f"carrying {len(carried)} packages the host lacks: " + ", ".join(f"{n}=={v}" for n, v in carried.items()))
-    wheels = download_wheels(carried, args.python_version, args.downloads)
+    # The tiny run sends nothing over the network: it packs and unpacks bwrap alone.
+    wheels = [] if args.tiny else download_wheels(carried, args.python_version, args.downloads)
     bwrap = bwrap_files(args.downloads / "bwrap")
     files = [(wheel, f"wheels/{wheel.name}") for wheel in wheels] + [(path, f"bwrap/{path.name}") for path in bwrap]
     parts = pack(pieces(files, part_bytes), part_bytes)
     manifest = write_parts(parts, args.out, carried)
+    unpacks(args.out, files)
 
     print(f"\nworking tree {tree / MIB:.1f} MiB; a part holds at most {part_bytes / MIB:.1f} MiB")
     for number in range(1, manifest["parts"] + 1):
