@@ -1,7 +1,7 @@
 """The GPU check: in one command on a GPU host, that the three-channel trainer trains there, with its figures.
 
     python3 benchmarks/gpu_check.py --bundle .gpu_bundle --out $OUT     # on the GPU host (docs/trainer.md, "Train on a GPU")
-    python benchmarks/gpu_check.py --dry-run --out out/gpu_check       # on CPU: the same stages, tiny (`make test` runs it)
+    python benchmarks/gpu_check.py --tiny --out out/gpu_check          # on CPU: the same stages, tiny (`make test` runs it)
 
 The GPU host is bare and offline: `benchmarks/gpu_bundle.py` packs what it lacks into parts that travel
 one device call each; this script, run from the repository root there, takes it from the bundle. The
@@ -22,11 +22,12 @@ log, and a failed stage is recorded while the stages that do not need it still r
              held-out evaluation (32 tasks x 2) before and after.
 
 `--out` receives at most 8 files: results.json (every figure, each stage's status and time),
-step_table.md, learning_table.md, learning_curve.png and check.log (every stage's output). A dry run
-(`--dry-run`) runs every stage on CPU with a tiny random policy and one optimizer step per arm, in this
-environment, with the GPU run's precision (bf16 weights in the step benchmark, bf16 autocast in SFT and
-training), so the script cannot rot between GPU runs; with `--bundle` too, it rehearses the host's
-install (a bundle built with `gpu_bundle.py --python-version` of a venv holding only the host's packages).
+step_table.md, learning_table.md, learning_curve.png and check.log (every stage's output); a stage that
+did not succeed makes the check exit 1. A dry run (`--tiny`, or `--dry-run`) runs every stage on CPU
+with a tiny random policy and one optimizer step per arm, in this environment, with the GPU run's
+precision (bf16 weights in the step benchmark, bf16 autocast in SFT and training), so the script cannot
+rot between GPU runs; with `--bundle` too, it rehearses the host's install (a bundle built with
+`gpu_bundle.py --python-version` of a venv holding only the host's packages).
 """
 
 from __future__ import annotations
@@ -91,15 +92,12 @@ GPU = Plan(
 )
 DRY_RUN = Plan(
     minutes=10.0,
-    step_args=("--preset", "tiny"),
+    step_args=("--tiny",),
     demos=4,
     min_demos=1,
     policy="tiny-random",
     sft_overrides={"max_steps": 1, "per_device_train_batch_size": 2, "use_cpu": True},  # bf16 as on the GPU, on the CPU
-    learning_args=("--arms", "grpo", "grpo+sdpo", "--seeds", "0", "--steps", "1", "--eval-every", "1",
-                   "--generations", "2", "--tasks-per-step", "1", "--backward-batch", "2", "--train-tasks", "2",
-                   "--eval-tasks", "2", "--eval-n", "1", "--eval-concurrency", "2",
-                   "--max-completion-length", "96", "--max-new-tokens", "24", "--max-turns", "2", "--bf16"),
+    learning_args=("--arms", "grpo", "grpo+sdpo", "--tiny", "--bf16"),
     sessions=4,
 )
 
@@ -351,7 +349,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="where the results go (at most 8 files)")
     parser.add_argument("--bundle", type=Path, help="the folder of parts made by benchmarks/gpu_bundle.py, installed first")
-    parser.add_argument("--dry-run", action="store_true",
+    parser.add_argument("--dry-run", "--tiny", action="store_true",
                         help="CPU, tiny random policy, one step per arm (with --bundle: a rehearsal of the host's install)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a fresh one under /tmp)")
     parser.add_argument("--minutes", type=float, help="the whole check's time (default: 8 on a GPU, 10 for a dry run)")

@@ -16,15 +16,17 @@ Usage (the warm start and the benchmark use the same tasks and tool set, decisio
         --shuffle --limit 160 --env-url http://127.0.0.1:8000 --out data/demos_l1.jsonl
     coding-train sft --config trainer_client/configs/sft/smollm2_l1_cpu.yaml      # -> out/sft_l1
     python benchmarks/learning_curve.py --warm-start out/sft_l1 --demos data/demos_l1.jsonl \\
-        --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick]
+        --env-url http://127.0.0.1:8000 --out out/learning_curve [--quick | --tiny]
 
 Level-1 warmup tasks, tools `write_file, bash, submit`, one task per step. Full mode:
 3 seeds x 3 arms x 4 steps of 4 rollouts, evaluation at steps 0 and 4 on 8 held-out tasks x 1 sample
-at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks. `--frontier-samples K`
+at the training temperature; `--quick`: 1 seed, 2 steps of 2 rollouts, 4 tasks; `--tiny` (the GPU check's
+dry run, CI): 1 seed, 1 step of 2 rollouts, 2 short turns, 2 tasks. `--frontier-samples K`
 (default 0: off) first samples each train task K times with the warm start and trains first on the
 tasks where a group of rollouts is likely to earn different rewards (the others after them), so that
 groups have reward variance. Measured times on the 2-core box are in docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
-Writes results.json, learning_curve.png and table.md under --out.
+Writes results.json, learning_curve.png and table.md under --out. An evaluation episode the service did
+not grade (a sandbox fault) or a training loss that is not finite fails the run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from samples import checked_loss  # noqa: E402
 
 ARMS: dict[str, dict[str, float]] = {
     "grpo": {"sdpo_weight": 0.0, "dpo_weight": 0.0},
@@ -52,7 +55,11 @@ MODES = {
                  frontier_samples=0),
     "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, tasks_per_step=1,
                   frontier_samples=0),
+    "tiny": dict(seeds=[0], steps=1, eval_every=1, eval_tasks=2, eval_n=1, train_tasks=2, generations=2, tasks_per_step=1,
+                 frontier_samples=0),
 }
+TINY_EPISODES = dict(max_completion_length=96, max_new_tokens=24, max_turns=2, backward_batch=2, eval_concurrency=2)
+"""`--tiny`'s episode sizes: two short turns."""
 FRONTIER_CHANCE = 0.75
 """A frontier task's least estimated chance that a group has reward variance: with 8 tries and groups of 4,
 at least 2 tries earn a reward the others do not (1 of 8 estimates 0.5; with 4 tries, any difference is 1.0)."""
@@ -119,6 +126,8 @@ def _evaluate(model: Any, tokenizer: Any, factory: Any, task_ids: list[str], n: 
     started = time.perf_counter()
     report = summarize(_episodes(model, tokenizer, factory, task_ids, n, seed, args), k=n, seed=seed)
     report["seconds"] = time.perf_counter() - started
+    if report["ungraded_episodes"]:
+        raise RuntimeError(f"{report['ungraded_episodes']} evaluation episodes were not graded (a sandbox fault): the figures would leave them out")
     return report
 
 
@@ -232,6 +241,8 @@ def run_arm(
     finally:
         trainer.close_environments()
     train_log = [{key: row[key] for key in ("step", *TRAIN_KEYS) if key in row} for row in trainer.state.log_history if "loss" in row]
+    for row in train_log:
+        checked_loss(row["loss"], f"{arm} seed {seed} step {row['step']}")
     return {"evals": evals, "train": train_log, "steps": trainer.state.global_step, "rollouts_per_step": rollouts,
             "train_seconds": trained, "seconds": time.perf_counter() - started}
 
@@ -347,6 +358,7 @@ def main() -> int:
     parser.add_argument("--api-token")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
+    parser.add_argument("--tiny", action="store_true", help="1 seed, 1 step of 2 rollouts, 2 short turns, 2 eval tasks: every path and check")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--id-prefix", default="warmup/l1/", help="train and evaluate on warmup tasks whose id starts with this")
     parser.add_argument("--tools", nargs="+", default=["write_file", "bash"], help="the episodes' tools (submit is added); the demos' set")
@@ -376,7 +388,10 @@ def main() -> int:
     from env_server.tasks import default_registry
     from trainer_client.demos import mistake_pair, read_demos
 
-    mode = {key: getattr(args, key) or value for key, value in MODES["quick" if args.quick else "full"].items()}
+    mode_name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = {key: getattr(args, key) or value for key, value in MODES[mode_name].items()}
+    if args.tiny:
+        vars(args).update(TINY_EPISODES)
     args.out.mkdir(parents=True, exist_ok=True)
     registry = default_registry()
     demos = read_demos(args.demos)
@@ -406,7 +421,7 @@ def main() -> int:
             results["frontier"] = frontier(tasks["train"], mode["frontier_samples"], mode["generations"], factory, args)
             print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
         tasks["frontier"] = results["frontier"]["tasks"]
-    results.update({"mode": "quick" if args.quick else "full", "tasks": tasks})
+    results.update({"mode": mode_name, "tasks": tasks})
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
     started = time.perf_counter()

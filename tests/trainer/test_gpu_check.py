@@ -1,8 +1,9 @@
 """The GPU check (`benchmarks/gpu_check.py`) and its bundle (`benchmarks/gpu_bundle.py`).
 
-The check runs on a GPU host only now and then, so its dry run (every stage, on CPU, a tiny random
-policy, the bubblewrap backend) runs here on every change; the bundle's parts are checked by
-packing real files and unpacking them as the GPU host does.
+The check runs on a GPU host only now and then, so its dry run (`--tiny`: every stage, on CPU, a tiny
+random policy, the bubblewrap backend) runs here on every change; it is the tiny run of gpu_check.py
+and, through its stages, of trainer_step.py and learning_curve.py that tests/test_benchmarks.py leaves
+to it; the bundle's parts are checked by packing real files and unpacking them as the GPU host does.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_a_part_not_carried_or_changed_is_named(tmp_path: Path) -> None:
 def test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
+        [sys.executable, "benchmarks/gpu_check.py", "--tiny", "--out", str(out), "--work", str(tmp_path / "work")],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
 
