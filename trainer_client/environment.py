@@ -134,6 +134,8 @@ class TrlEnvironment:
             return [EPISODE_LOST] + [EPISODE_OVER] * (len(tool_names) - 1)
         step_result = result.observation
         calls = step_result.calls
+        if len(calls) != len(tool_names):  # the message is ours: a different count is a bug, not the policy's
+            raise RuntimeError(f"the service found {len(calls)} calls in a turn of {len(tool_names)}: {[c.tool_name for c in calls]}")
         # The step's grade belongs to the call that ended the episode: the last that ran.
         grading = max((index for index, call in enumerate(calls) if call.ran), default=len(calls) - 1) if result.done else None
         for index, call in enumerate(calls):
