@@ -30,7 +30,8 @@ def test_compute_loss_is_grpos_own_and_hands_over_to_compute_loss_underscore() -
     assert ComposerTrainer.compute_loss is GRPOTrainer.compute_loss
 
     class Recorder:
-        calls: list[tuple[object, object]] = []
+        def __init__(self) -> None:
+            self.calls: list[tuple[object, object]] = []
 
         def _compute_loss(self, model: object, inputs: object) -> str:
             self.calls.append((model, inputs))
