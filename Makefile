@@ -15,7 +15,7 @@ test: install image wheels
 UNIT := not docker and not bwrap and not compose and not redteam
 
 test-unit: install
-	$(PY) -m pytest -q -ra -m "$(UNIT)"
+	$(PY) -m pytest -q -ra -n auto -m "$(UNIT)"
 
 install: $(VENV)/.installed
 
