@@ -2,14 +2,15 @@
 
     python benchmarks/trainer_tool_rounds.py [--rollouts 8] [--rounds 5] [--steps 8] [--command "python3 -c pass"] [--tiny]
 
-Starts `coding-env serve` (Docker backend) in a child process and trains a tiny random policy
-whose sampler is scripted (a random model emits no tool calls): every rollout calls `bash` with
+Starts `coding-env serve` (Docker backend) in a child process and trains a tiny random policy whose
+sampler is scripted (a random model emits no tool calls): every rollout calls `bash` with
 `--command` for `--rounds` rounds, then `submit`. The training steps alternate between
-`concurrent_tool_calls` on and off (the first of each is a warm-up), and the time of each step's
-`_tool_call_loop` (all tool rounds of the generation batch, generation between rounds included)
-and of the whole step is reported as median and maximum per mode, with the serial/concurrent ratio.
-Every timed `bash` call must succeed and every step's loss be finite, else the run fails. `--tiny`
-(CI's run): 2 rollouts, 1 round of `true`, 4 steps.
+`concurrent_tool_calls` on and off (the first of each is a warm-up, left out of the figures when the
+mode has more steps), and the time of each step's `_tool_call_loop` (all tool rounds of the
+generation batch, generation between rounds included) and of the whole step is reported as median
+and maximum per mode, with the serial/concurrent ratio. Every timed `bash` call must succeed and
+every step's loss be finite, else the run fails. `--tiny` (CI's run): 2 rollouts, 1 round of `true`,
+one step per mode.
 """
 
 from __future__ import annotations
@@ -86,20 +87,21 @@ class AlternateToolMode(TrainerCallback):
 
 
 def summary(samples: list[tuple[bool, float]]) -> dict[bool, list[float]]:
-    """Per mode, the samples after the first (warm-up) one."""
-    return {mode: [seconds for m, seconds in samples if m == mode][1:] for mode in (False, True)}
+    """Per mode, the samples after the first (warm-up) one; the one sample when there is no other."""
+    by_mode = {mode: [seconds for m, seconds in samples if m == mode] for mode in (False, True)}
+    return {mode: times[1:] or times for mode, times in by_mode.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=8, help="training steps, alternating modes (even, >= 4)")
+    parser.add_argument("--steps", type=int, default=8, help="training steps, alternating modes (even, >= 4 for a warm-up per mode)")
     parser.add_argument("--command", default="python3 -c pass")
-    parser.add_argument("--tiny", action="store_true", help="2 rollouts, 1 round of `true`, 4 steps: every path and check")
+    parser.add_argument("--tiny", action="store_true", help="2 rollouts, 1 round of `true`, a step per mode: every path and check")
     args = parser.parse_args()
     if args.tiny:
-        args.rollouts, args.rounds, args.steps, args.command = 2, 1, 4, "true"
+        args.rollouts, args.rounds, args.steps, args.command = 2, 1, 2, "true"
 
     process, address = start_service(pool_size=args.rollouts, max_sessions=args.rollouts + 2)
     try:
