@@ -4,7 +4,8 @@ that fails makes a benchmark exit non-zero instead of timing the failure.
 
 The tiny runs are subprocesses, as a person runs them (`python benchmarks/X.py --tiny`). Most of their time
 is spent waiting (for sandboxes, a service's start, grading), so the selected runs start together at the
-first test, `CONCURRENT` at a time, and each test waits for its own.
+first test, `CONCURRENT` at a time, and each test waits for its own (under pytest-xdist, whose workers
+already run tests side by side, each test starts its own run).
 """
 
 from __future__ import annotations
@@ -86,21 +87,40 @@ def run_tiny(tiny: Tiny, tmp: Path) -> Ran:
     return Ran(done.returncode, done.stdout + done.stderr, tmp, time.monotonic() - started)
 
 
+class TinyRuns:
+    """Tiny runs, each started once, `CONCURRENT` at a time."""
+
+    def __init__(self, pool: ThreadPoolExecutor, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._pool, self._tmp_path_factory = pool, tmp_path_factory
+        self._started: dict[str, Future[Ran]] = {}
+
+    def start(self, tiny: Tiny) -> Future[Ran]:
+        if tiny.script not in self._started:
+            self._started[tiny.script] = self._pool.submit(run_tiny, tiny, self._tmp_path_factory.mktemp(tiny.script))
+        return self._started[tiny.script]
+
+    def result(self, tiny: Tiny) -> Ran:
+        return self.start(tiny).result()
+
+
 @pytest.fixture(scope="session")
-def tiny_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Ran]]]:
-    """The tiny runs of the selected tests, started together (in `TINY_RUNS`' order, `CONCURRENT` at a time)."""
+def tiny_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyRuns]:
+    """The tiny runs, those of the selected tests started at once (in `TINY_RUNS`' order) unless pytest-xdist
+    shares the tests out among workers (then each worker would start every run)."""
     selected = {item.callspec.params["tiny"].script for item in request.session.items
                 if getattr(item, "originalname", None) == "test_runs_in_its_tiny_mode"}
     with ThreadPoolExecutor(CONCURRENT) as pool:
-        yield {
-            tiny.script: pool.submit(run_tiny, tiny, tmp_path_factory.mktemp(tiny.script))
-            for tiny in (param.values[0] for param in TINY_RUNS) if tiny.script in selected
-        }
+        runs = TinyRuns(pool, tmp_path_factory)
+        if not hasattr(request.config, "workerinput"):  # xdist's workers have it
+            for tiny in (param.values[0] for param in TINY_RUNS):
+                if tiny.script in selected:
+                    runs.start(tiny)
+        yield runs
 
 
 @pytest.mark.parametrize("tiny", TINY_RUNS)
-def test_runs_in_its_tiny_mode(tiny: Tiny, tiny_runs: dict[str, Future[Ran]]) -> None:
-    ran = tiny_runs[tiny.script].result()
+def test_runs_in_its_tiny_mode(tiny: Tiny, tiny_runs: TinyRuns) -> None:
+    ran = tiny_runs.result(tiny)
     print(f"{tiny.script} --tiny: {ran.seconds:.0f} s")  # beside the others' (pytest -rP): what CI's time goes to
 
     assert ran.returncode == 0, ran.output[-4000:]
