@@ -105,6 +105,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, out: Path) -> None:
+    """Every project not yet in `out` generated into it, then the table of all of them."""
     results: dict[str, dict] = json.loads(out.read_text()) if out.exists() else {}
     for requirement in args.project or DEFAULT_PROJECTS:
         if requirement in results:

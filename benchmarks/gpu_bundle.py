@@ -289,6 +289,7 @@ def main() -> int:
 
 
 def bundle(args: argparse.Namespace) -> int:
+    """Packs the bundle into `args.out`, checks that it unpacks, and says how to carry it."""
     tree = working_tree_bytes()
     part_bytes = int(min(args.part_mib * MIB, CALL_LIMIT - tree - MIB // 4))
     carried = to_carry(dependency_closure(args.python_version), host_packages())
