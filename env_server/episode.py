@@ -49,6 +49,9 @@ class Episode:
     until the episode is done (a flag on a probe would confirm a hidden file's name); `_end`
     writes them into the record."""
     streak: FailureStreak = field(default_factory=FailureStreak)
+    calls_used: int = 0
+    """Calls run so far, each counted against the task's `max_steps` (kept as the steps are recorded:
+    summed over the record at every step, it made a long episode's steps quadratic)."""
     done: bool = False
     reward: float | None = None
     late_hints: list[Future[None]] = field(default_factory=list)
@@ -94,17 +97,13 @@ class Episode:
     def sandbox(self) -> Sandbox:
         return self.workspace.sandbox
 
-    @property
-    def calls_used(self) -> int:
-        """Calls run so far, each counted against the task's `max_steps` (read from the record, so
-        anything that copies the record copies the count)."""
-        return sum(step.observation.calls_run for step in self.record.steps)
 
     def raise_flags(self, flags: Iterable[MonitorFlag]) -> None:
         self.monitor_flags = sorted({*self.monitor_flags, *flags})
 
     def record_step(self, action: dict[str, Any], result: StepObservation, outcome: CallOutcome, *, started_at: float) -> None:
         """Append the step that just went out to the record."""
+        self.calls_used += result.calls_run
         first = result.calls[0]
         self.record.steps.append(
             TrajectoryStep(

@@ -51,6 +51,7 @@ def continued_episode(source: Episode, workspace: Workspace, *, session_id: str,
         monitor_flags=list(source.monitor_flags),
         withheld_flags=copy.deepcopy(source.withheld_flags),
         streak=copy.deepcopy(source.streak),
+        calls_used=source.calls_used,
     )
 
 
