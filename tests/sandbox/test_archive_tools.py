@@ -23,6 +23,7 @@ def archiver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     if request.param == "gnu-tar":
         if supervisor.gnu_tar() is None:
             pytest.skip("GNU tar is not installed")
+        monkeypatch.setattr(supervisor, "SMALL_ARCHIVE_BYTES", -1)  # every archive through tar, however small
     else:
         monkeypatch.setattr(supervisor, "gnu_tar", lambda: None)
     yield request.param
@@ -88,3 +89,20 @@ def test_a_missing_member_is_the_oserror_the_host_maps(archiver: str, tmp_path: 
         supervisor.archive_put(str(tmp_path), {"dest": "dest/sub"}, b"")
     with pytest.raises(FileNotFoundError):
         supervisor.archive_get(str(tmp_path), {"path": "absent", "max_bytes": BOUND}, b"")
+
+
+def test_a_small_sent_archive_unpacks_without_starting_tar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if supervisor.gnu_tar() is None:
+        pytest.skip("GNU tar is not installed")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "main.py").write_text("print(1)\n")
+    _, archive = supervisor.archive_get(str(source), {"path": ".", "max_bytes": BOUND}, b"")
+    started: list[list[str]] = []
+    real_start = supervisor.start_tar
+    monkeypatch.setattr(supervisor, "start_tar", lambda argv, *rest: started.append(argv) or real_start(argv, *rest))
+    supervisor.archive_put(str(tmp_path), {"dest": "small"}, archive)
+    assert (tmp_path / "small" / "main.py").read_text() == "print(1)\n" and started == []
+    monkeypatch.setattr(supervisor, "SMALL_ARCHIVE_BYTES", len(archive) - 1)
+    supervisor.archive_put(str(tmp_path), {"dest": "large"}, archive)
+    assert (tmp_path / "large" / "main.py").read_text() == "print(1)\n" and [argv[1] for argv in started] == ["-x"]
