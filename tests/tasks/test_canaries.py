@@ -56,23 +56,30 @@ class DoubleCase(unittest.TestCase):
 '''
 
 
-def _outcomes(path: Path) -> dict[str, bool]:
-    report = path.parent / "report.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(path)],
-                   cwd=path.parent, capture_output=True, check=False)
-    return {
-        f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name', '').split('[')[0]}": not any(child.tag in ("failure", "error") for child in case)
-        for case in ElementTree.parse(report).iter("testcase")
-    }
+def _outcomes(*paths: Path) -> dict[str, dict[str, bool]]:
+    """Per test file (by module name), whether each of its tests passed: one pytest run for all of them."""
+    report = paths[0].parent / "report.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *map(str, paths)],
+                   cwd=paths[0].parent, capture_output=True, check=False)
+    outcomes: dict[str, dict[str, bool]] = {path.stem: {} for path in paths}
+    for case in ElementTree.parse(report).iter("testcase"):
+        classname = case.get("classname", "")
+        test = f"{classname.rsplit('.', 1)[-1]}::{case.get('name', '').split('[')[0]}"
+        outcomes[classname.split(".")[0]][test] = not any(child.tag in ("failure", "error") for child in case)
+    return outcomes
 
 
 def test_every_canary_fails_where_its_original_passes(tmp_path: Path) -> None:
+    planted_by_file = {}
     for seed in range(6):
         text, planted = canaries.plant(HIDDEN, random.Random(seed))
         assert len(planted) == canaries.CANARIES_PER_FILE
         path = tmp_path / f"test_hidden_{seed}.py"
         path.write_text(text)
-        outcomes = _outcomes(path)
+        planted_by_file[path] = (seed, text, planted)
+    outcomes_by_file = _outcomes(*planted_by_file)
+    for path, (seed, text, planted) in planted_by_file.items():
+        outcomes = outcomes_by_file[path.stem]
         names = {name for _, name in planted}
         real = {test: ok for test, ok in outcomes.items() if test.split("::")[1] not in names}
         assert real and all(real.values()), real
@@ -113,7 +120,7 @@ def test_a_file_with_no_changeable_test_gets_copies_that_fail_first_thing(tmp_pa
     assert len(planted) == 2
     path = tmp_path / "test_fallback.py"
     path.write_text(planted_text)
-    outcomes = _outcomes(path)
+    outcomes = _outcomes(path)["test_fallback"]
     assert outcomes["test_fallback::test_runs"] is True
     assert [ok for test, ok in outcomes.items() if test != "test_fallback::test_runs"] == [False, False]
 
