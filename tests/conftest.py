@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+
+# As in `coding-env serve` (env_server/cli.py): OpenEnv's gradio web interface is never mounted, so the
+# tests' processes do not import gradio either (2 s of each process's collection).
+sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
 
 if TYPE_CHECKING:
     from tests.support.service import SharedServices
