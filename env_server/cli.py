@@ -25,13 +25,17 @@ def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
     }
 
 
+def without_openenv_web_interface() -> None:
+    """Mark gradio absent in this process, before OpenEnv is imported. OpenEnv imports its gradio web
+    interface whenever gradio is installed (openenv depends on it) and skips it when the import fails;
+    this service never mounts that interface, and importing gradio took 2 of the 3.6 s from
+    `coding-env serve` to ready. Called by the service's process and the tests' processes only."""
+    sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the service with uvicorn until SIGINT/SIGTERM (which close every session first)."""
-    # OpenEnv imports its gradio web interface whenever gradio is installed (openenv depends on it),
-    # and skips it when the import fails; this service never mounts that interface, and importing
-    # gradio took 2 of the 3.6 s from `coding-env serve` to ready. So it is marked absent here, in
-    # the service's own process only.
-    sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
+    without_openenv_web_interface()
     import uvicorn
 
     from env_server.app import create_app

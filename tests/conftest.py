@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
-# As in `coding-env serve` (env_server/cli.py): OpenEnv's gradio web interface is never mounted, so the
-# tests' processes do not import gradio either (2 s of each process's collection).
-sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
+from env_server.cli import without_openenv_web_interface
+
+without_openenv_web_interface()  # as `coding-env serve` does: 2 s of each test process's collection
 
 if TYPE_CHECKING:
     from tests.support.service import SharedServices

@@ -66,7 +66,7 @@ class VerdictStore:
             return known
         verdict = compute(task)
         with self._lock:
-            self._verdicts[key] = verdict  # type: ignore[index]  # loaded above
+            self._loaded()[key] = verdict
         self._append(key, verdict)
         return verdict
 
