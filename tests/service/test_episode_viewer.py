@@ -16,6 +16,9 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.service.conftest import HttpSession
 from tests.service.test_episode_end import ADD_SOLUTION, ADD_TASK
@@ -81,6 +84,15 @@ def browser() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
+def _navigate_by(browser: webdriver.Chrome, element: WebElement) -> None:
+    """Click `element` and return once the page it leads to has loaded: a click, unlike `get`, returns
+    before the navigation it starts, and the old page would answer the next lookup."""
+    old_page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 60).until(expected_conditions.staleness_of(old_page))
+    WebDriverWait(browser, 60).until(lambda driver: driver.execute_script("return document.readyState") == "complete")
+
+
 def test_the_viewer_shows_an_episode_as_a_conversation_behind_the_token(services: SharedServices, browser: webdriver.Chrome, tmp_path: Path) -> None:
     service = services.get(api_token=TOKEN, pool_size=1, grading_pool_size=1)
     with httpx.Client(base_url=service.url, timeout=120, headers={"authorization": f"Bearer {TOKEN}"}) as client:
@@ -96,15 +108,15 @@ def test_the_viewer_shows_an_episode_as_a_conversation_behind_the_token(services
     assert "unauthorized" in browser.find_element(By.TAG_NAME, "body").text
     browser.get(f"{service.url}/viewer/login")
     browser.find_element(By.NAME, "token").send_keys("wrong")
-    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _navigate_by(browser, browser.find_element(By.CSS_SELECTOR, "button[type=submit]"))
     assert "not this service's" in browser.find_element(By.TAG_NAME, "body").text
     browser.find_element(By.NAME, "token").send_keys(TOKEN)
-    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _navigate_by(browser, browser.find_element(By.CSS_SELECTOR, "button[type=submit]"))
 
     assert browser.find_element(By.TAG_NAME, "h1").text == "Recent episodes"
     row = next(row for row in browser.find_elements(By.CSS_SELECTOR, "tbody tr") if "command_not_found" in row.text)
     assert "inline/add" in row.text and "submitted" in row.text
-    row.find_element(By.TAG_NAME, "a").click()
+    _navigate_by(browser, row.find_element(By.TAG_NAME, "a"))
 
     page = browser.find_element(By.TAG_NAME, "body").text
     roles = [element.text.lower() for element in browser.find_elements(By.CSS_SELECTOR, ".turn .role")]
