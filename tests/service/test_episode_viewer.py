@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.service.conftest import HttpSession
@@ -86,11 +86,15 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 def _navigate_by(browser: webdriver.Chrome, element: WebElement) -> None:
     """Click `element` and return once the page it leads to has loaded: a click, unlike `get`, returns
-    before the navigation it starts, and the old page would answer the next lookup."""
-    old_page = browser.find_element(By.TAG_NAME, "html")
+    before the navigation it starts, and the old page would answer the next lookup. The old document
+    carries a mark that a new one lacks; Chrome answers lookups made mid-navigation with assorted
+    errors (a stale element, or 'Node with given id does not belong to the document'), so any
+    WebDriver error there means 'not yet'."""
+    browser.execute_script("window.__coding_env_old_page = true")
     element.click()
-    WebDriverWait(browser, 60).until(expected_conditions.staleness_of(old_page))
-    WebDriverWait(browser, 60).until(lambda driver: driver.execute_script("return document.readyState") == "complete")
+    WebDriverWait(browser, 60, ignored_exceptions=(WebDriverException,)).until(
+        lambda driver: driver.execute_script("return window.__coding_env_old_page === undefined && document.readyState === 'complete'")
+    )
 
 
 def test_the_viewer_shows_an_episode_as_a_conversation_behind_the_token(services: SharedServices, browser: webdriver.Chrome, tmp_path: Path) -> None:
