@@ -6,16 +6,22 @@ EXTRAS := server,tasks,train,dev,skyrl
 
 .PHONY: test test-unit image install wheels compose-offline clean-containers
 
-test: install image wheels
-	$(PY) -m pytest -q -ra --durations=30
-
 # The tests that need neither a sandbox engine nor a server (losses, packing, parsers, configs,
 # the wire types): no image, no Docker, no bubblewrap. tests/conftest.py marks every test that
-# reaches an engine through a fixture; the areas' conftests mark theirs by file.
-UNIT := not docker and not bwrap and not compose and not redteam
+# reaches an engine through a fixture; the areas' conftests mark theirs by file. They share
+# nothing, so they run on every core, each worker with one torch thread (two would fight over each
+# core); the rest share one engine and its containers (and some count them), so they run one at a
+# time. tests/integrations is not even imported for them: every test there drives the service, and
+# importing verl and verifiers costs a worker 10 s.
+UNIT      := not docker and not bwrap and not compose and not redteam
+UNIT_ARGS := -n auto -m "$(UNIT)" --ignore=tests/integrations
+
+test: install image wheels
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra $(UNIT_ARGS)
+	$(PY) -m pytest -q -ra --durations=30 -m "not ($(UNIT))"
 
 test-unit: install
-	$(PY) -m pytest -q -ra -n auto -m "$(UNIT)"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra $(UNIT_ARGS)
 
 install: $(VENV)/.installed
 
