@@ -179,7 +179,8 @@ class Supervisor:
         # Forked now, while the sandbox waits in the warm pool, not at the first file operation:
         # that is often on a request's path (a reset's files, a fork's copy).
         self.file_worker.start()
-        self.setpriv = next((path for path in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(path, os.X_OK)), None)
+        self.launcher = CommandLauncher(run_as)
+        self.launcher.start()
         self.write_lock = threading.Lock()
         self.running = set()  # process group ids of commands in flight
         self.running_lock = threading.Lock()
@@ -267,27 +268,22 @@ class Supervisor:
         env = {**os.environ, **COMMAND_ENV, **request.get("env", {})}
         oom_before = oom_kill_count()
         started = time.monotonic()
-        argv, identity = self.command_launch(request["cmd"])
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.workdir,
-            env=env,
-            start_new_session=True,
-            **identity,
-        )
+        command = self.launcher.launch(["bash", "-c", OOM_PREFIX + request["cmd"]], env)
         with self.running_lock:
-            self.running.add(proc.pid)
+            self.running.add(command.pid)
         try:
-            stdout, stderr, timed_out = self.collect(proc, timeout_s, cap)
+            stdout, stderr, timed_out, wait_status = self.collect(command, timeout_s, cap)
         finally:
             with self.running_lock:
-                self.running.discard(proc.pid)
+                self.running.discard(command.pid)
+            command.close()
         duration_ms = (time.monotonic() - started) * 1000
         oom_after = oom_kill_count()
-        code = proc.returncode
+        if wait_status is None and not timed_out:
+            # The agent killed the launcher (same uid; `kill -9 -1` does): its command's status is
+            # lost with it, and collect() has killed the command's group.
+            stderr.feed(LAUNCHER_KILLED_NOTE)
+        code = -signal.SIGKILL if wait_status is None else os.waitstatus_to_exitcode(wait_status)
         return {
             "exit_code": code if code >= 0 else None,
             "signal": -code if code < 0 else None,
@@ -308,44 +304,28 @@ class Supervisor:
         extract_sealed(payload, str(request["dest"]))
         return {}
 
-    def command_launch(self, cmd):
-        """argv and Popen identity arguments that run `cmd` as the agent.
-
-        `Popen(user=...)` makes CPython fork the whole supervisor instead of vfork-ing (about
-        4 ms of CPU per command); util-linux's `setpriv`, where the image has it, drops the
-        identity after a cheap vfork for about 1.5 ms instead."""
-        argv = ["bash", "-c", OOM_PREFIX + cmd]
-        if self.run_as is None:
-            return argv, {}
-        uid, gid = self.run_as
-        if self.setpriv is not None:
-            return [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv], {}
-        return argv, {"user": uid, "group": gid, "extra_groups": []}
-
-    def collect(self, proc, timeout_s, cap):
-        """Drain both pipes until the leader exits, enforcing the timeout on the whole group.
+    def collect(self, command, timeout_s, cap):
+        """Drain both pipes until the leader exits, enforcing the timeout on the whole group;
+        the output, whether it timed out, and the leader's wait status (None if unknown).
 
         The group is killed when its leader exits, so background children (`sleep 1000 &`)
         never outlive the command; a daemon must `setsid` and redirect its output to survive.
         """
         stdout, stderr = CappedOutput(cap), CappedOutput(cap)
-        outputs = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
+        outputs = {command.stdout: stdout, command.stderr: stderr}
         selector = selectors.DefaultSelector()
-        for fd in outputs:
+        for fd in (*outputs, command.status):
             selector.register(fd, selectors.EVENT_READ)
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            selector.register(pidfd, selectors.EVENT_READ)
-            poll_s = None
-        except OSError:  # no pidfd (gVisor, kernels before 5.3): notice the leader's exit by polling,
-            pidfd, poll_s = None, 0.0005  # often at first (most commands are short), then backing off
         deadline = time.monotonic() + timeout_s
         timed_out = False
 
         def read_ready(timeout):
             events = selector.select(timeout)
             for key, _ in events:
-                if key.fd == pidfd:
+                if key.fd == command.status:
+                    command.read_status()
+                    if command.ended:
+                        selector.unregister(key.fd)
                     continue
                 chunk = os.read(key.fd, READ_CHUNK)
                 if chunk:
@@ -355,57 +335,311 @@ class Supervisor:
             return events
 
         try:
-            while proc.poll() is None:
+            while not command.ended:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = True
                     try:
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        os.killpg(command.pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                    # Reap the leader before waiting on the group: as our child it stays a
-                    # zombie until then, and a zombie leader keeps the group alive to killpg.
-                    proc.wait()
+                    # Until the launcher has reaped the leader, a zombie leader keeps the group
+                    # alive to killpg; its status says it has.
+                    command.wait_status_until(time.monotonic() + GROUP_EXIT_WAIT_S)
                     break
-                if poll_s is None:
-                    read_ready(remaining)
-                else:
-                    read_ready(min(remaining, poll_s))
-                    poll_s = min(poll_s * 2, 0.05)
-            kill_group(proc.pid)
-            if pidfd is not None:
-                selector.unregister(pidfd)
+                read_ready(remaining)
+            kill_group(command.pid)
             # What the group wrote before it died is still in the pipes; a writer that escaped
             # the group (setsid) may hold them open, so read only what is there now.
-            while len(selector.get_map()) and read_ready(0):
+            while any(fd in selector.get_map() for fd in outputs) and read_ready(0):
                 pass
         finally:
             selector.close()
-            if pidfd is not None:
-                os.close(pidfd)
-            proc.stdout.close()
-            proc.stderr.close()
-        return stdout, stderr, timed_out
+        return stdout, stderr, timed_out, command.wait_status
+
+
+# -- workers: long-lived children with the agent's rights ------------------------------------
+
+
+class ForkedWorker:
+    """A long-lived child of the supervisor, dropped to the agent's uid, that serves it over its
+    end of a socket pair and holds no other fd (no channel: it acts with exactly the agent's
+    rights, and /proc/self is the worker). It is forked once and reused because a fork costs
+    milliseconds of CPU; the agent may kill or stop it (same uid), so it is checked before each
+    use and forked anew when it is gone. `serve(sock, *args)` is the child's loop."""
+
+    def __init__(self, serve, run_as, *args):
+        self.serve = serve
+        self.run_as = run_as
+        self.args = args
+        self.pid = None
+        self.sock = None
+
+    def start(self):
+        parent_end, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                # Keep only our socket: the channel's ends become /dev/null, other fds close.
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                keep = child_end.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, 1 << 20)
+                if self.run_as is not None:
+                    uid, gid = self.run_as
+                    os.setgroups([])
+                    os.setresgid(gid, gid, gid)
+                    os.setresuid(uid, uid, uid)
+                self.serve(child_end, *self.args)
+                status = 0
+            finally:
+                os._exit(status)
+        child_end.close()
+        self.pid, self.sock = pid, parent_end
+
+    def alive(self):
+        if self.pid is None:
+            return False
+        if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            return True
+        self.pid = None  # reaped just now
+        self.stop()
+        return False
+
+    def stop(self):
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+            self.pid = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+# -- commands: the launcher starts them --------------------------------------------------------
+
+LAUNCH_DEADLINE_S = 10.0  # the launcher is replaced when it has not started a command by then
+LAUNCHER_KILLED_NOTE = b"\n[the process that started this command was killed, and the command with it]\n"
+
+
+class LaunchedCommand:
+    """A command the launcher started: its pid (also its process group), the read ends of its
+    stdout and stderr, and its status pipe, on which the launcher writes the leader's wait status
+    once it has reaped it, then closes. The end of the status pipe is the end of the command, on
+    every kernel; an end without a status means the launcher died."""
+
+    def __init__(self, pid, stdout, stderr, status):
+        self.pid, self.stdout, self.stderr, self.status = pid, stdout, stderr, status
+        self.ended = False
+        self.wait_status = None
+        self.unread = b""
+
+    def read_status(self):
+        chunk = os.read(self.status, 64)
+        self.unread += chunk
+        if not chunk:
+            self.ended = True
+            line = self.unread.strip()
+            self.wait_status = int(line) if line.isdigit() else None
+
+    def wait_status_until(self, deadline):
+        while not self.ended:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not wait_readable(self.status, remaining):
+                return
+            self.read_status()
+
+    def close(self):
+        for fd in (self.stdout, self.stderr, self.status):
+            os.close(fd)
+
+
+def wait_readable(fd, timeout):
+    """True once `fd` is readable, False when `timeout` seconds pass first."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
+
+
+class CommandLauncher(ForkedWorker):
+    """The worker that starts every command, already the agent's identity.
+
+    A command must run as the agent, but dropping the identity in the supervisor costs a
+    process: `Popen(user=...)` forks the whole supervisor, and an identity-changing program
+    (`setpriv`) is one more exec, about 1 ms of CPU on a VM where every program start pays for
+    trapped CPUID instructions. The launcher is the agent already, so it starts a command with
+    posix_spawn (a vfork) and nothing else. The agent may kill or stop it, as the file worker:
+    the command in flight is then killed (reported as SIGKILL, with a note on its stderr) and the
+    next command starts a new launcher.
+
+    Per command the supervisor sends the argv and environment as one frame, with three fds:
+    the write ends of the command's stdout, stderr and status pipes. The launcher answers on
+    the status pipe: the pid once the command runs (or `error ERRNO MESSAGE`), then the wait
+    status once it has reaped it."""
+
+    def __init__(self, run_as):
+        super().__init__(serve_commands, run_as)
+        self.lock = threading.Lock()
+
+    def launch(self, argv, env):
+        """Start `argv` with `env` in a new session; the started command (OSError if it could not start)."""
+        request = json.dumps({"argv": argv, "env": env}).encode()
+        pipes = [os.pipe() for _ in range(3)]
+        stdout, stderr, status = (read_end for read_end, _ in pipes)
+        try:
+            with self.lock:
+                if not self.alive():
+                    self.start()
+                try:
+                    send_command(self.sock, request, [write_end for _, write_end in pipes])
+                except BrokenPipeError:  # killed since the check: nothing ran, so run it anew
+                    self.stop()
+                    self.start()
+                    send_command(self.sock, request, [write_end for _, write_end in pipes])
+        except BaseException:
+            for pair in pipes:
+                os.close(pair[0])
+                os.close(pair[1])
+            raise
+        for _, write_end in pipes:
+            os.close(write_end)
+        command = LaunchedCommand(None, stdout, stderr, status)
+        try:
+            first = self.first_line(command)
+            if first.startswith(b"error "):
+                _, number, message = first.decode(errors="replace").split(" ", 2)
+                raise OSError(int(number), message)
+            command.pid = int(first)
+        except BaseException:
+            command.close()
+            raise
+        return command
+
+    def first_line(self, command):
+        """The launcher's first line on `command`'s status pipe; it is replaced when it gives none in time."""
+        deadline = time.monotonic() + LAUNCH_DEADLINE_S
+        while b"\n" not in command.unread:
+            remaining = deadline - time.monotonic()
+            if command.ended or remaining <= 0 or not wait_readable(command.status, remaining):
+                with self.lock:
+                    self.stop()
+                raise RuntimeError("the command launcher did not start the command (it was killed or stopped)")
+            command.read_status()
+        first, _, command.unread = command.unread.partition(b"\n")
+        return first
+
+
+def send_command(sock, request, fds):
+    """One frame (`request`) with `fds` attached to its first byte."""
+    frame = len(request).to_bytes(FRAME_HEADER, "big") + request
+    sent = socket.send_fds(sock, [frame], fds)
+    sock.sendall(frame[sent:])
+
+
+def serve_commands(sock):
+    """The launcher's loop: start each command that arrives, and report each one's wait status
+    when it ends (SIGCHLD wakes the loop), until the supervisor is gone."""
+    wake_read, wake_write = os.pipe()
+    for fd in (wake_read, wake_write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    status_of = {}  # pid -> the write end of its status pipe
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sock:
+                received = recv_command(sock)
+                if received is None:
+                    return
+                request, (stdout, stderr, status) = received
+                try:
+                    pid = spawn_command(request["argv"], request["env"], stdout, stderr)
+                except OSError as exc:
+                    report(status, f"error {exc.errno or 0} {exc.strerror or exc}")
+                    os.close(status)
+                else:
+                    report(status, str(pid))
+                    status_of[pid] = status
+                finally:
+                    os.close(stdout)
+                    os.close(stderr)
+            else:
+                while os.read(wake_read, 256) == 256:
+                    pass
+                reap_commands(status_of)
+
+
+def recv_command(sock):
+    """A frame and the three fds sent with it; None when the supervisor is gone."""
+    header, fds, _, _ = socket.recv_fds(sock, FRAME_HEADER, 3)
+    for fd in fds:
+        os.set_inheritable(fd, False)  # no command may hold another's pipes
+    if not header:
+        return None
+    rest = recv_exactly(sock, FRAME_HEADER - len(header), None) if len(header) < FRAME_HEADER else b""
+    body = recv_exactly(sock, int.from_bytes(header + rest, "big"), None)
+    if body is None or len(fds) != 3:
+        return None
+    return json.loads(body), fds
+
+
+def spawn_command(argv, env, stdout, stderr):
+    """posix_spawn `argv` in a new session, stdin /dev/null, with the signals Python ignores
+    back at their defaults (as `Popen` does); `argv[0]` is looked up on `env`'s PATH."""
+    executable = argv[0]
+    if "/" not in executable:
+        found = (os.path.join(directory, executable) for directory in os.get_exec_path(env))
+        executable = next((path for path in found if os.access(path, os.X_OK)), executable)
+    return os.posix_spawn(
+        executable, argv, env,
+        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), (os.POSIX_SPAWN_DUP2, stdout, 1), (os.POSIX_SPAWN_DUP2, stderr, 2)],
+        setsid=True,
+        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+    )
+
+
+def reap_commands(status_of):
+    """Report and forget every command that has ended."""
+    while status_of:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        status = status_of.pop(pid, None)
+        if status is not None:
+            report(status, str(wait_status))
+            os.close(status)
+
+
+def report(fd, line):
+    try:
+        os.write(fd, line.encode() + b"\n")
+    except OSError:
+        pass  # the supervisor gave up on this command
 
 
 # -- file operations: they run in the file worker, a child with the agent's rights ----------
 
 
-class FileWorker:
-    """A long-lived forked child, dropped to the agent's uid, that runs the file operations.
-
-    It holds no channel fd, so it touches files with exactly the agent's rights, /proc/self is
-    the worker, and whatever the workspace holds (FIFO, deep tree, huge file) can crash or hang
-    only the worker. It is forked once and reused because a fork costs milliseconds of CPU; the
-    agent may kill or stop it (same uid), and an operation past its deadline gets it killed:
+class FileWorker(ForkedWorker):
+    """The worker that runs the file operations: whatever the workspace holds (FIFO, deep tree,
+    huge file) can crash or hang only the worker. An operation past its deadline gets it killed:
     then that operation fails and the next one forks a new worker. One operation at a time."""
 
     def __init__(self, workdir, run_as):
-        self.workdir = workdir
-        self.run_as = run_as
+        super().__init__(serve_file_operations, run_as, workdir)
         self.lock = threading.Lock()
-        self.pid = None
-        self.sock = None
 
     def run(self, request_line, payload):
         """The reply of the request in `request_line` with its `payload`: the reply's fields
@@ -434,52 +668,6 @@ class FileWorker:
         if not fields.startswith(b'{"ok": ') or not fields.endswith(b"}") or b"\n" in fields:
             raise RuntimeError("the file worker answered garbage")
         return fields, result
-
-    def alive(self):
-        if self.pid is None:
-            return False
-        if os.waitpid(self.pid, os.WNOHANG) == (0, 0):
-            return True
-        self.pid = None  # reaped just now
-        self.stop()
-        return False
-
-    def start(self):
-        parent_end, child_end = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                # Keep only our socket: the channel's ends become /dev/null, other fds close.
-                devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)
-                keep = child_end.fileno()
-                os.closerange(3, keep)
-                os.closerange(keep + 1, 1 << 20)
-                if self.run_as is not None:
-                    uid, gid = self.run_as
-                    os.setgroups([])
-                    os.setresgid(gid, gid, gid)
-                    os.setresuid(uid, uid, uid)
-                serve_file_operations(child_end, self.workdir)
-                status = 0
-            finally:
-                os._exit(status)
-        child_end.close()
-        self.pid, self.sock = pid, parent_end
-
-    def stop(self):
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self.pid, 0)
-            self.pid = None
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
 
 
 def serve_file_operations(sock, workdir):

@@ -38,6 +38,10 @@ SPEC = SandboxSpec(memory_mb=512, pids=128, workspace_mb=16, tmp_mb=16, default_
 DOCKER_SPEC = DockerSpec(**SPEC.model_dump())
 LOCAL_SPEC = LocalSpec(**SPEC.model_dump())
 """The same limits as the spec type of each backend (for its own fields: `cpus`, `cpu_time_s`)."""
+GVISOR_SPEC = DOCKER_SPEC.model_copy(update={"runtime": "runsc", "pids": SandboxSpec.model_fields["pids"].default})
+"""Docker's limits under gVisor, but the default pids limit: gVisor's ptrace platform charges its
+own host threads to the container's pids cgroup, and at 128 its sentry panics now and then when a
+command starts ("error initializing first thread: resource temporarily unavailable")."""
 
 
 def kill_caller_mid_command(backend: str, handle: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox import Sandbox, SandboxError, open_sandbox
-from tests.sandbox.support import DOCKER_SPEC, docker_ready
+from tests.sandbox.support import GVISOR_SPEC, docker_ready
 
 
 @functools.cache
@@ -25,7 +25,6 @@ def runsc_registered() -> bool:
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(not runsc_registered(), reason="no runsc runtime registered with Docker")]
 
-GVISOR_SPEC = DOCKER_SPEC.model_copy(update={"runtime": "runsc"})
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox import Sandbox, SandboxError, SealingUnavailable, open_sandbox
-from tests.sandbox.support import DOCKER_SPEC, LOCAL_SPEC, needs_bwrap, needs_docker
+from tests.sandbox.support import DOCKER_SPEC, GVISOR_SPEC, LOCAL_SPEC, needs_bwrap, needs_docker
 from tests.sandbox.test_gvisor import runsc_registered
 
 RUNTIMES = [
@@ -46,7 +46,7 @@ def fresh_dest() -> str:
 
 @pytest.fixture(params=RUNTIMES)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with open_sandbox(DOCKER_SPEC.model_copy(update={"runtime": request.param}), backend="docker") as sb:
+    with open_sandbox(GVISOR_SPEC if request.param == "runsc" else DOCKER_SPEC, backend="docker") as sb:
         yield sb
 
 

@@ -1,7 +1,8 @@
 """Commands cannot speak for, read, trace or kill their supervisor (issue 10, item 2; decision 006).
 
-The file worker (decision 007) runs as the agent's uid: the agent may kill it (the next file
-operation starts another), but it is non-dumpable, so it cannot be read, traced or written either.
+The file worker (decision 007) and the command launcher run as the agent's uid: the agent may
+kill them (the next file operation or command starts another; a command in flight is killed with its
+launcher), but they are non-dumpable, so they cannot be read, traced or written either.
 
 Docker: the supervisor is another uid, so all of it holds. Bubblewrap has one uid: forging and
 reading hold (non-dumpable supervisor, root-owned channel pipes, authenticated replies); killing
@@ -26,7 +27,7 @@ ATTACK = textwrap.dedent(
         return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
     def uid(pid):
         return int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")).split()[1])
-    # The supervisor and its file worker (a fork of it, same command line).
+    # The supervisor, its file worker and its command launcher (forks of it, same command line).
     supervisors = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
                    and argv(p)[0].startswith(b"python") and b"--workdir" in argv(p)]
     targets = sorted(set(supervisors) | {1})
@@ -65,8 +66,8 @@ def _attack(sandbox: Sandbox) -> dict:
 
 def test_commands_cannot_forge_replies_or_read_or_trace_the_supervisor(sandbox: Sandbox, backend: str) -> None:
     results = _attack(sandbox)
-    # The supervisor and its file worker (the write_file above started it): found, or the attack means nothing.
-    assert len(results["supervisors"]) == 2
+    # The supervisor, its file worker and its launcher: found, or the attack means nothing.
+    assert len(results["supervisors"]) == 3
     # Nothing of the supervisor or its worker could be opened, nor of pid 1, which holds the same
     # stream, except on bubblewrap: its pid 1 is bwrap itself, same uid and dumpable (decision
     # 003): its environ (bare, see the next test) and mem open, its copies of the channel do not.
@@ -115,15 +116,21 @@ def test_commands_hold_no_capability_and_cannot_regain_root(sandbox: Sandbox) ->
 
 def test_a_killed_file_worker_is_replaced(sandbox: Sandbox) -> None:
     sandbox.write_file("a.txt", "first")  # starts the worker
-    # The worker is a supervisor process (same command line) whose parent is one too.
+    # The worker is a supervisor process (same command line) whose parent is one too, and which
+    # did not start this command (that is the launcher).
     finder = (
         "import os\n"
         "def supervisor(pid):\n"
         "    argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
         "    return argv[0].startswith(b'python') and b'--workdir' in argv\n"
+        "def parent(pid):\n"
+        "    return next(line for line in open(f'/proc/{pid}/status') if line.startswith('PPid:')).split()[1]\n"
+        "ancestors, pid = set(), str(os.getpid())\n"
+        "while pid != '0':\n"
+        "    ancestors.add(pid)\n"
+        "    pid = parent(pid)\n"
         "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    parent = next(line for line in open(f'/proc/{pid}/status') if line.startswith('PPid:')).split()[1]\n"
-        "    if parent != '0' and supervisor(pid) and supervisor(parent):\n"
+        "    if pid not in ancestors and parent(pid) != '0' and supervisor(pid) and supervisor(parent(pid)):\n"
         "        os.kill(int(pid), 9)\n"
         "        print('killed')\n"
     )
@@ -133,3 +140,11 @@ def test_a_killed_file_worker_is_replaced(sandbox: Sandbox) -> None:
     assert sandbox.read_file("a.txt") == b"first"
     sandbox.write_file("b.txt", "second")
     assert sandbox.read_file("b.txt") == b"second"
+
+
+def test_a_killed_launcher_kills_only_the_command_in_flight(sandbox: Sandbox) -> None:
+    # bash's parent is the launcher: the agent's uid, so the agent may kill it.
+    killed = sandbox.exec("kill -9 $PPID; sleep 5; echo survived", timeout_s=20)
+    assert (killed.exit_code, killed.signal, killed.timed_out) == (None, 9, False)
+    assert "survived" not in killed.stdout and "was killed" in killed.stderr
+    assert sandbox.exec("echo alive").stdout == "alive\n"  # a new launcher
