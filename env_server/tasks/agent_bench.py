@@ -173,7 +173,7 @@ def task_from_record(record: dict[str, Any]) -> TaskSpec | None:
         hidden_tests={HIDDEN_TEST_PATH: _HIDDEN_TEST.format(spec=spec, answer_file=ANSWER_FILE)},
         reward_mode="binary",
         limits=TaskLimits(max_steps=20),
-        metadata={"source": "inspect-evals 0.26.0 agent_bench OS test (Apache-2.0)", "record_id": record["id"],
+        metadata={"source": "inspect-evals 0.26.0 agent_bench OS test", "license": "Apache-2.0", "record_id": record["id"],
                   "labels": record.get("labels", []), "solution_command": solve},
     )
 

