@@ -61,10 +61,13 @@ TAR_MEMBER_OVERHEAD = 1536  # header, padding and a long name's PAX record, coun
 TAR_RECORD = 10240  # tar pads its output to whole records of this size
 SMALL_ARCHIVE_BYTES = 256 * 1024  # sent archives up to this size unpack with tarfile, larger ones with GNU tar
 
-# Prefixed to every command: make its processes, not the supervisor, the OOM killer's first
-# choice. A process may raise its own score without privilege; the supervisor (root on Docker,
-# without CAP_DAC_OVERRIDE) may not write the file of a process of another uid.
-OOM_PREFIX = "{ echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null || :; "  # `$?` is 0 for CMD, as without it
+# Prefixed to every command. First the command reports its own pid on its status pipe (fd 3,
+# see LaunchedCommand) and closes it, before any of the agent's code runs: a command that kills
+# its launcher at once (`kill -9 -1`) is still known and killed as a group. Then it makes its
+# processes, not the supervisor, the OOM killer's first choice: a process may raise its own score
+# without privilege; the supervisor (root on Docker, without CAP_DAC_OVERRIDE) may not write the
+# file of a process of another uid.
+COMMAND_PREFIX = "echo pid $$ >&3; exec 3>&-; { echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null || :; "  # `$?` is 0 for CMD
 
 # Fixed for every command: no pager or editor may wait for a terminal, no bytecode is written.
 COMMAND_ENV = {
@@ -127,12 +130,16 @@ def oom_kill_count():
 GROUP_EXIT_WAIT_S = 2.0  # bound on waiting for killed processes to be reaped
 
 
-def kill_group(pgid):
-    """SIGKILL every process of the group and wait (boundedly) until init has reaped them all,
-    so that when a command returns none of its processes is left."""
+def kill_group(pgid, wait=True):
+    """SIGKILL every process of the group (None: there is none) and, with `wait`, wait (boundedly)
+    until they are all reaped, so that when a command returns none of its processes is left."""
+    if pgid is None:
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
+        return
+    if not wait:
         return
     give_up = time.monotonic() + GROUP_EXIT_WAIT_S
     while time.monotonic() < give_up:
@@ -268,21 +275,27 @@ class Supervisor:
         env = {**os.environ, **COMMAND_ENV, **request.get("env", {})}
         oom_before = oom_kill_count()
         started = time.monotonic()
-        command = self.launcher.launch(["bash", "-c", OOM_PREFIX + request["cmd"]], env)
+        command = self.launcher.launch(["bash", "-c", COMMAND_PREFIX + request["cmd"]], env)
+        # No pid: the command was killed before its first statement (by another command), and
+        # has no process left to kill.
+        group = command.pid
         with self.running_lock:
-            self.running.add(command.pid)
+            self.running.add(group)
         try:
             stdout, stderr, timed_out, wait_status = self.collect(command, timeout_s, cap)
         finally:
             with self.running_lock:
-                self.running.discard(command.pid)
+                self.running.discard(group)
             command.close()
         duration_ms = (time.monotonic() - started) * 1000
         oom_after = oom_kill_count()
-        if wait_status is None and not timed_out:
-            # The agent killed the launcher (same uid; `kill -9 -1` does): its command's status is
-            # lost with it, and collect() has killed the command's group.
-            stderr.feed(LAUNCHER_KILLED_NOTE)
+        if wait_status is None:
+            # The agent killed or stopped the launcher (same uid; `kill -9 -1` does): the command's
+            # status is lost, collect() has killed its group, and the next command gets a new
+            # launcher (reaped now, so that it is not taken for alive while it exits).
+            self.launcher.replace(command.launcher_pid)
+            if not timed_out:
+                stderr.feed(LAUNCHER_KILLED_NOTE)
         code = -signal.SIGKILL if wait_status is None else os.waitstatus_to_exitcode(wait_status)
         return {
             "exit_code": code if code >= 0 else None,
@@ -339,10 +352,7 @@ class Supervisor:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     timed_out = True
-                    try:
-                        os.killpg(command.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    kill_group(command.pid, wait=False)
                     # Until the launcher has reaped the leader, a zombie leader keeps the group
                     # alive to killpg; its status says it has.
                     command.wait_status_until(time.monotonic() + GROUP_EXIT_WAIT_S)
@@ -429,24 +439,40 @@ LAUNCHER_KILLED_NOTE = b"\n[the process that started this command was killed, an
 
 
 class LaunchedCommand:
-    """A command the launcher started: its pid (also its process group), the read ends of its
-    stdout and stderr, and its status pipe, on which the launcher writes the leader's wait status
-    once it has reaped it, then closes. The end of the status pipe is the end of the command, on
-    every kernel; an end without a status means the launcher died."""
+    """A command the launcher started: the read ends of its stdout, stderr and status pipe.
 
-    def __init__(self, pid, stdout, stderr, status):
-        self.pid, self.stdout, self.stderr, self.status = pid, stdout, stderr, status
-        self.ended = False
+    On the status pipe the command writes `pid N` first thing (COMMAND_PREFIX; its pid is also
+    its process group), and the launcher writes `status N` (the wait status) once it has reaped
+    it, or `error ERRNO MESSAGE` when it could not start it, then closes the pipe. The end of the
+    status pipe is the end of the command, on every kernel; an end without a status means the
+    launcher died."""
+
+    def __init__(self, launcher_pid, stdout, stderr, status):
+        self.launcher_pid = launcher_pid
+        self.stdout, self.stderr, self.status = stdout, stderr, status
+        self.pid = None
         self.wait_status = None
+        self.error = None
+        self.ended = False
         self.unread = b""
 
     def read_status(self):
         chunk = os.read(self.status, 64)
-        self.unread += chunk
-        if not chunk:
-            self.ended = True
-            line = self.unread.strip()
-            self.wait_status = int(line) if line.isdigit() else None
+        self.ended = not chunk
+        *lines, self.unread = (self.unread + chunk).split(b"\n")
+        for line in lines:
+            kind, _, value = line.decode(errors="replace").partition(" ")
+            if kind == "pid" and value.isdigit():
+                self.pid = int(value)
+            elif kind == "status" and value.isdigit():
+                self.wait_status = int(value)
+            elif kind == "error":
+                self.error = value
+
+    @property
+    def started(self):
+        """Whether the launcher has said how the start went (or can no longer say)."""
+        return self.pid is not None or self.wait_status is not None or self.error is not None or self.ended
 
     def wait_status_until(self, deadline):
         while not self.ended:
@@ -502,6 +528,7 @@ class CommandLauncher(ForkedWorker):
                     self.stop()
                     self.start()
                     send_command(self.sock, request, [write_end for _, write_end in pipes])
+                launcher_pid = self.pid
         except BaseException:
             for pair in pipes:
                 os.close(pair[0])
@@ -509,30 +536,34 @@ class CommandLauncher(ForkedWorker):
             raise
         for _, write_end in pipes:
             os.close(write_end)
-        command = LaunchedCommand(None, stdout, stderr, status)
+        command = LaunchedCommand(launcher_pid, stdout, stderr, status)
         try:
-            first = self.first_line(command)
-            if first.startswith(b"error "):
-                _, number, message = first.decode(errors="replace").split(" ", 2)
-                raise OSError(int(number), message)
-            command.pid = int(first)
+            self.await_start(command)
+            if command.error is not None:
+                number, _, message = command.error.partition(" ")
+                raise OSError(int(number) if number.isdigit() else 0, message)
         except BaseException:
             command.close()
             raise
         return command
 
-    def first_line(self, command):
-        """The launcher's first line on `command`'s status pipe; it is replaced when it gives none in time."""
+    def replace(self, pid):
+        """Kill and reap the launcher `pid` if it is still the current one: the next command forks a new one."""
+        with self.lock:
+            if self.pid == pid:
+                self.stop()
+
+    def await_start(self, command):
+        """Until `command` has started, failed to start, or ended (killed at once); a launcher that
+        says nothing within LAUNCH_DEADLINE_S is replaced and the start fails."""
         deadline = time.monotonic() + LAUNCH_DEADLINE_S
-        while b"\n" not in command.unread:
+        while not command.started:
             remaining = deadline - time.monotonic()
-            if command.ended or remaining <= 0 or not wait_readable(command.status, remaining):
-                with self.lock:
-                    self.stop()
-                raise RuntimeError("the command launcher did not start the command (it was killed or stopped)")
+            if remaining <= 0 or not wait_readable(command.status, remaining):
+                self.replace(command.launcher_pid)
+                raise RuntimeError("the command launcher did not start the command within "
+                                   f"{LAUNCH_DEADLINE_S:.0f} s (it was stopped)")
             command.read_status()
-        first, _, command.unread = command.unread.partition(b"\n")
-        return first
 
 
 def send_command(sock, request, fds):
@@ -562,12 +593,11 @@ def serve_commands(sock):
                     return
                 request, (stdout, stderr, status) = received
                 try:
-                    pid = spawn_command(request["argv"], request["env"], stdout, stderr)
+                    pid = spawn_command(request["argv"], request["env"], stdout, stderr, status)
                 except OSError as exc:
                     report(status, f"error {exc.errno or 0} {exc.strerror or exc}")
                     os.close(status)
                 else:
-                    report(status, str(pid))
                     status_of[pid] = status
                 finally:
                     os.close(stdout)
@@ -592,16 +622,22 @@ def recv_command(sock):
     return json.loads(body), fds
 
 
-def spawn_command(argv, env, stdout, stderr):
-    """posix_spawn `argv` in a new session, stdin /dev/null, with the signals Python ignores
-    back at their defaults (as `Popen` does); `argv[0]` is looked up on `env`'s PATH."""
+def spawn_command(argv, env, stdout, stderr, status):
+    """posix_spawn `argv` in a new session, stdin /dev/null, `status` as fd 3 (the command reports
+    its pid there and closes it), with the signals Python ignores back at their defaults (as
+    `Popen` does); `argv[0]` is looked up on `env`'s PATH."""
     executable = argv[0]
     if "/" not in executable:
         found = (os.path.join(directory, executable) for directory in os.get_exec_path(env))
         executable = next((path for path in found if os.access(path, os.X_OK)), executable)
     return os.posix_spawn(
         executable, argv, env,
-        file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), (os.POSIX_SPAWN_DUP2, stdout, 1), (os.POSIX_SPAWN_DUP2, stderr, 2)],
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, stdout, 1),
+            (os.POSIX_SPAWN_DUP2, stderr, 2),
+            (os.POSIX_SPAWN_DUP2, status, 3),
+        ],
         setsid=True,
         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
     )
@@ -618,7 +654,7 @@ def reap_commands(status_of):
             return
         status = status_of.pop(pid, None)
         if status is not None:
-            report(status, str(wait_status))
+            report(status, f"status {wait_status}")
             os.close(status)
 
 
