@@ -37,6 +37,7 @@ RUN_BY: list[tuple[str, str]] = [
     (r"coding-env tasks show .*", "tests/test_readme_commands.py::test_the_cheap_task_commands_run_as_written"),
     (r"coding-env tasks validate .*", "tests/tasks/test_validity_gate.py::test_cli_validate_reports_every_baseline"),
     (r"coding-env tasks generate feature-deletion .*", "tests/tasks/test_feature_deletion.py::test_generation_from_a_local_sdist_yields_gradable_tasks"),
+    (r"coding-env tasks export .*", "tests/tasks/test_export.py::test_parquet_and_json_lines_hold_the_same_rows_and_trl_reads_them_as_conversations"),
     (r"coding-train train --config cpu_smoke --env-url \S+", "tests/trainer/test_shipped_configs.py::test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss"),
     (r"coding-train plot \S+", "tests/trainer/test_shipped_configs.py::test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss"),
     (r"coding-train train --config cpu_smoke_lora .*", "tests/trainer/test_cli_lora.py::test_lora_smoke_config_trains_and_saves_the_adapter_with_the_base_teacher"),
