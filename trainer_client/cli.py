@@ -183,14 +183,9 @@ def _add_task_selection(parser: argparse.ArgumentParser, *, default_split: str) 
 
 
 def select_task_ids(args: argparse.Namespace, settings: ClientSettings) -> list[str]:
-    """Ids of a suite's split, as the service serves them (`GET /tasks`). The split is a hash of the id: the
-    one rule of the task set the trainer shares, imported, not repeated (decision 123)."""
-    from env_server.tasks.splits import split_of
-
+    """Ids of a suite's split, as the service serves and splits them (`GET /tasks?suite=&split=`)."""
     with CodingEnvClient(settings) as client:
-        ids = client.task_ids(args.suite)
-    if args.split != "all":
-        ids = [task_id for task_id in ids if split_of(task_id) == args.split]
+        ids = client.task_ids(args.suite, split=None if args.split == "all" else args.split)
     if args.id_prefix:
         ids = [task_id for task_id in ids if task_id.startswith(args.id_prefix)]
     if args.shuffle:

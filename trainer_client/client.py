@@ -371,14 +371,15 @@ class CodingEnvClient(_SessionCore):
         """The service's tools as OpenAI function schemas (needs no session; any replica answers)."""
         return self._from_any_replica(lambda url: _function_schemas(_http_payload(self._http.post(url + "/mcp", json=_LIST_TOOLS))))
 
-    def task_ids(self, suite: str | None = None) -> list[str]:
-        """Every task id the service serves (one suite's, if given), in its order: `GET /tasks` page by page
-        (needs no session; any replica answers: all serve the same suites)."""
+    def task_ids(self, suite: str | None = None, split: str | None = None) -> list[str]:
+        """Every task id the service serves (one suite's, one split's: `train` or `held_out`, if given), in its
+        order: `GET /tasks` page by page (needs no session; any replica answers: all serve the same suites)."""
+        filters = {name: value for name, value in (("suite", suite), ("split", split)) if value is not None}
 
         def pages(url: str) -> list[str]:
             ids: list[str] = []
             while True:
-                params = {"offset": len(ids), "limit": _TASK_PAGE, **({"suite": suite} if suite is not None else {})}
+                params = {"offset": len(ids), "limit": _TASK_PAGE, **filters}
                 page = TaskPage.model_validate(_http_payload(self._http.get(url + "/tasks", params=params)))
                 ids.extend(page.task_ids)
                 if not page.task_ids or len(ids) >= page.total:

@@ -29,6 +29,7 @@ from env_server.openenv_models import ACTIONS, AnyAction, CodingObservation, Cod
 from env_server.package_docs import with_absolute_links
 from env_server.service import request_gone, service_of
 from env_server.service_errors import ServiceError
+from env_server.tasks.splits import Split
 
 router = APIRouter()
 
@@ -99,12 +100,13 @@ async def prometheus_metrics(request: Request) -> Response:
 async def list_tasks(
     request: Request,
     suite: str | None = Query(default=None, description="Only this suite's tasks."),
+    split: Split | None = Query(default=None, description="Only the fixed train or held-out split (a hash of each id)."),
     offset: int = Query(default=0, ge=0),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> TaskPage:
     tasks = service_of(request).tasks
     try:
-        ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite)
+        ids = await asyncio.get_running_loop().run_in_executor(None, tasks.ids, suite, split)
     except KeyError as exc:
         raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
     return TaskPage(task_ids=ids[offset : offset + limit], total=len(ids), offset=offset, limit=limit)

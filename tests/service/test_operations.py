@@ -20,6 +20,7 @@ import websockets.sync.client
 from openenv.core.generic_client import GenericEnvClient
 from websockets.exceptions import InvalidStatus
 
+from env_server.tasks.splits import split_of
 from sandbox.docker_backend import OWNER_LABEL, SANDBOX_ID_LABEL
 from tests.service.conftest import HttpSession, containers_of
 
@@ -213,3 +214,7 @@ def test_tasks_are_paged(client: httpx.Client) -> None:
     assert page["total"] >= 4 and len(page["task_ids"]) == 2 and page["offset"] == 1
     assert all(t.startswith("builtin/") for t in page["task_ids"])
     assert client.get("/tasks", params={"suite": "nope"}).json()["code"] == "task_not_found"
+    train = client.get("/tasks", params={"split": "train"}).json()
+    assert train["total"] >= 4 and all(split_of(t) == "train" for t in train["task_ids"])
+    assert client.get("/tasks", params={"split": "held_out"}).json()["total"] == 0  # builtin's ids all hash to train
+    assert client.get("/tasks", params={"split": "test"}).status_code == 422

@@ -9,6 +9,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from env_server.models import ErrorKind
+from env_server.tasks.splits import split_of
 from tests.support.service import SharedServices
 from tests.trainer.conftest import SERVICE_TOKEN
 from trainer_client.client import AsyncCodingEnvClient, AuthError, CapacityError, ClientError, ClientSettings, CodingEnvClient
@@ -54,6 +55,9 @@ def test_task_ids_come_from_the_service_page_by_page(service_url: str, monkeypat
         ids = client.task_ids("builtin")
         assert len(ids) > 2 and len(set(ids)) == len(ids) and all(task_id.startswith("builtin/") for task_id in ids)
         assert set(ids) <= set(client.task_ids())  # every suite the service serves
+        # The split is the service's (a hash of each id): builtin's ids all fall in train.
+        assert client.task_ids("builtin", split="train") == ids and client.task_ids("builtin", split="held_out") == []
+        assert all(split_of(task_id) == "train" for task_id in ids)
         with pytest.raises(ClientError) as refused:
             client.task_ids("no_such_suite")
         assert refused.value.code == "task_not_found"
