@@ -21,22 +21,24 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from env_server.models import TaskSpec
 from env_server.tasks import TaskRegistry
 from env_server.tasks.splits import Split, split_of
 
 Format = Literal["jsonl", "parquet"]
-FORMATS: tuple[Format, ...] = ("jsonl", "parquet")
+FORMATS: tuple[Format, ...] = get_args(Format)
 
 PLAYER_NAME = "coding_env"
 """The name the verl agent loop and the SkyRL environment are registered under."""
 
 PROJECT_LICENSE = "Apache-2.0"
 """The licence of the tasks this project wrote itself (the builtin, warmup and canary suites)."""
+
+UNKNOWN_LICENSE = "unknown (see the project's LICENSE)"
 
 
 def dataset_row(task: TaskSpec, suite: str) -> dict[str, Any]:
@@ -78,13 +80,12 @@ def write_rows(rows: list[dict[str, Any]], path: Path, fmt: Format) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def dataset_card(suite: str, rows: Iterable[dict[str, Any]], data_file: str, split: Split | None) -> str:
+def dataset_card(suite: str, rows: list[dict[str, Any]], data_file: str, split: Split | None) -> str:
     """A Hugging Face dataset card (README.md): the rows' schema, sources and licences."""
-    rows = list(rows)
-    licenses = Counter(row["license"] or "unknown (see the project's LICENSE)" for row in rows)
-    sources = Counter((row["source"], row["license"] or "unknown (see the project's LICENSE)") for row in rows)
+    sources = Counter((row["source"], row["license"] or UNKNOWN_LICENSE) for row in rows)
     splits = Counter(row["extra_info"]["split"] for row in rows)
-    card_license = next(iter(licenses)).lower() if len(licenses) == 1 and rows and rows[0]["license"] else "other"
+    licenses = {row["license"] for row in rows}
+    card_license = next(iter(licenses)).lower() if len(licenses) == 1 and None not in licenses else "other"
     lines = [
         "---",
         f"license: {card_license}",

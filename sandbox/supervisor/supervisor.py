@@ -131,8 +131,9 @@ GROUP_EXIT_WAIT_S = 2.0  # bound on waiting for killed processes to be reaped
 
 
 def kill_group(pgid, wait=True):
-    """SIGKILL every process of the group (None: there is none) and, with `wait`, wait (boundedly)
-    until they are all reaped, so that when a command returns none of its processes is left."""
+    """SIGKILL every process of the group and, with `wait`, wait (boundedly) until they are all
+    reaped, so that when a command returns none of its processes is left. None: a command killed
+    before its first statement reported its pid (by another command), with no process left."""
     if pgid is None:
         return
     try:
@@ -179,12 +180,11 @@ def make_non_dumpable():
 
 class Supervisor:
     def __init__(self, workdir, key, run_as):
-        self.workdir = workdir
         self.key = key
         self.run_as = run_as  # (uid, gid) commands and file operations run as; None: our own
         self.file_worker = FileWorker(workdir, run_as)
-        # Forked now, while the sandbox waits in the warm pool, not at the first file operation:
-        # that is often on a request's path (a reset's files, a fork's copy).
+        # Both forked now, while the sandbox waits in the warm pool, not at the first use: that is
+        # often on a request's path (a reset's files, a fork's copy, the first command).
         self.file_worker.start()
         self.launcher = CommandLauncher(run_as)
         self.launcher.start()
@@ -276,16 +276,13 @@ class Supervisor:
         oom_before = oom_kill_count()
         started = time.monotonic()
         command = self.launcher.launch(["bash", "-c", COMMAND_PREFIX + request["cmd"]], env)
-        # No pid: the command was killed before its first statement (by another command), and
-        # has no process left to kill.
-        group = command.pid
         with self.running_lock:
-            self.running.add(group)
+            self.running.add(command.pid)
         try:
             stdout, stderr, timed_out, wait_status = self.collect(command, timeout_s, cap)
         finally:
             with self.running_lock:
-                self.running.discard(group)
+                self.running.discard(command.pid)
             command.close()
         duration_ms = (time.monotonic() - started) * 1000
         oom_after = oom_kill_count()
@@ -355,7 +352,7 @@ class Supervisor:
                     kill_group(command.pid, wait=False)
                     # Until the launcher has reaped the leader, a zombie leader keeps the group
                     # alive to killpg; its status says it has.
-                    command.wait_status_until(time.monotonic() + GROUP_EXIT_WAIT_S)
+                    command.read_status_until(lambda c: c.ended, time.monotonic() + GROUP_EXIT_WAIT_S)
                     break
                 read_ready(remaining)
             kill_group(command.pid)
@@ -409,6 +406,18 @@ class ForkedWorker:
                 os._exit(status)
         child_end.close()
         self.pid, self.sock = pid, parent_end
+
+    def send(self, send):
+        """`send(sock)` to a live worker: one is forked first if it is gone, and again if it died
+        since the check (BrokenPipeError: nothing ran, so it runs anew)."""
+        if not self.alive():
+            self.start()
+        try:
+            send(self.sock)
+        except BrokenPipeError:
+            self.stop()
+            self.start()
+            send(self.sock)
 
     def alive(self):
         if self.pid is None:
@@ -471,15 +480,17 @@ class LaunchedCommand:
 
     @property
     def started(self):
-        """Whether the launcher has said how the start went (or can no longer say)."""
+        """Whether the start is known: it ran, failed, or ended at once (nobody left to say)."""
         return self.pid is not None or self.wait_status is not None or self.error is not None or self.ended
 
-    def wait_status_until(self, deadline):
-        while not self.ended:
+    def read_status_until(self, known, deadline):
+        """Read the status pipe until `known(self)` or the `deadline` (monotonic); whether it is known."""
+        while not known(self):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not wait_readable(self.status, remaining):
-                return
+                return False
             self.read_status()
+        return True
 
     def close(self):
         for fd in (self.stdout, self.stderr, self.status):
@@ -505,9 +516,8 @@ class CommandLauncher(ForkedWorker):
     next command starts a new launcher.
 
     Per command the supervisor sends the argv and environment as one frame, with three fds:
-    the write ends of the command's stdout, stderr and status pipes. The launcher answers on
-    the status pipe: the pid once the command runs (or `error ERRNO MESSAGE`), then the wait
-    status once it has reaped it."""
+    the write ends of the command's stdout, stderr and status pipes (LaunchedCommand says what
+    travels on the last)."""
 
     def __init__(self, run_as):
         super().__init__(serve_commands, run_as)
@@ -520,14 +530,7 @@ class CommandLauncher(ForkedWorker):
         stdout, stderr, status = (read_end for read_end, _ in pipes)
         try:
             with self.lock:
-                if not self.alive():
-                    self.start()
-                try:
-                    send_command(self.sock, request, [write_end for _, write_end in pipes])
-                except BrokenPipeError:  # killed since the check: nothing ran, so run it anew
-                    self.stop()
-                    self.start()
-                    send_command(self.sock, request, [write_end for _, write_end in pipes])
+                self.send(lambda sock: send_command(sock, request, [write_end for _, write_end in pipes]))
                 launcher_pid = self.pid
         except BaseException:
             for pair in pipes:
@@ -556,14 +559,9 @@ class CommandLauncher(ForkedWorker):
     def await_start(self, command):
         """Until `command` has started, failed to start, or ended (killed at once); a launcher that
         says nothing within LAUNCH_DEADLINE_S is replaced and the start fails."""
-        deadline = time.monotonic() + LAUNCH_DEADLINE_S
-        while not command.started:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not wait_readable(command.status, remaining):
-                self.replace(command.launcher_pid)
-                raise RuntimeError("the command launcher did not start the command within "
-                                   f"{LAUNCH_DEADLINE_S:.0f} s (it was stopped)")
-            command.read_status()
+        if not command.read_status_until(lambda c: c.started, time.monotonic() + LAUNCH_DEADLINE_S):
+            self.replace(command.launcher_pid)
+            raise RuntimeError(f"the command launcher did not start the command within {LAUNCH_DEADLINE_S:.0f} s (it was stopped)")
 
 
 def send_command(sock, request, fds):
@@ -680,18 +678,14 @@ class FileWorker(ForkedWorker):
     def run(self, request_line, payload):
         """The reply of the request in `request_line` with its `payload`: the reply's fields
         (one JSON object, as bytes) and its own payload."""
+
+        def send(sock):
+            sock.settimeout(FILE_OP_DEADLINE_S)
+            send_frames(sock, request_line, payload)
+
         with self.lock:
-            if not self.alive():
-                self.start()
-            self.sock.settimeout(FILE_OP_DEADLINE_S)
             try:
-                try:
-                    send_frames(self.sock, request_line, payload)
-                except BrokenPipeError:  # killed since the check: nothing ran, so run it anew
-                    self.stop()
-                    self.start()
-                    self.sock.settimeout(FILE_OP_DEADLINE_S)
-                    send_frames(self.sock, request_line, payload)
+                self.send(send)
                 deadline = time.monotonic() + FILE_OP_DEADLINE_S
                 fields = recv_frame(self.sock, deadline)
                 result = None if fields is None else recv_frame(self.sock, deadline)
