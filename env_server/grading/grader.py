@@ -367,6 +367,18 @@ def parse_junit(xml_text: str) -> tuple[list[str], list[str]]:
     return passed, failed
 
 
+def junit_failures(xml_text: str) -> dict[str, str]:
+    """Failed or errored test id -> its failure message (the `message` attribute, else the text's last line)."""
+    failures = {}
+    for case in ElementTree.fromstring(xml_text).iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                lines = (child.text or "").strip().splitlines()
+                failures[_test_id(case)] = child.get("message") or (lines[-1] if lines else child.tag)
+                break
+    return failures
+
+
 def hidden_test_ids(hidden_tests: Mapping[str, str]) -> set[str]:
     """The ids (`dir/module::name`, `dir/module/Class::name`, parameters left off) pytest can
     collect from the hidden test files, read from their syntax tree: test functions, and test

@@ -121,9 +121,9 @@ def default_cache_dir() -> Path:
 
 
 def default_registry(cache_dir: Path | None = None) -> TaskRegistry:
-    """Builtin, HumanEval, program I/O, shell, canary, warmup and the feature-deletion tasks found in `cache_dir`."""
+    """Builtin, HumanEval, program I/O, shell, canary, warmup, and the feature-deletion and bug-injection tasks found in `cache_dir`."""
     # Imported here so that importing the registry type stays cheap for the wire layer.
-    from env_server.tasks import agent_bench, builtin, canary, codeio, feature_deletion, humaneval, warmup
+    from env_server.tasks import agent_bench, bug_injection, builtin, canary, codeio, feature_deletion, humaneval, warmup
 
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     registry = TaskRegistry()
@@ -132,6 +132,7 @@ def default_registry(cache_dir: Path | None = None) -> TaskRegistry:
     registry.register(codeio.SUITE, lambda: codeio.CodeIOSuite(cache))
     registry.register(agent_bench.SUITE, agent_bench.AgentBenchSuite)
     registry.register(feature_deletion.SUITE, lambda: feature_deletion.FeatureDeletionSuite(cache))
+    registry.register(bug_injection.SUITE, lambda: bug_injection.BugInjectionSuite(cache))
     registry.register(canary.SUITE, canary.CanarySuite)
     registry.register(warmup.SUITE, warmup.WarmupSuite)
     return registry

@@ -146,19 +146,27 @@ def generate_tasks(args: argparse.Namespace) -> int:
         codeio.write_cache(codeio.cache_path(cache_dir, args.seed), generated)
         print(f"codeio: {len(generated)} tasks -> {codeio.cache_path(cache_dir, args.seed)}")
         return 0
-    from env_server.tasks import feature_deletion
+    from env_server.tasks.repo_generation import generate_projects, summary_table
+    from env_server.tasks.projects import DEFAULT_PROJECTS
 
-    if not args.project:
-        print("feature-deletion needs --project NAME==VERSION or a local sdist", file=sys.stderr)
-        return 2
+    if args.generator == "bug-injection":
+        from env_server.tasks.bug_injection import BugInjection as Generator
+    else:
+        from env_server.tasks.feature_deletion import FeatureDeletion as Generator
+    requirements = list(args.project or [])
+    if args.projects_file:
+        lines = Path(args.projects_file).read_text().splitlines()
+        requirements += [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
     # Every candidate goes through the validity gate; only valid tasks are written (decision 057).
-    for requirement in args.project:
-        report = feature_deletion.generate(
-            requirement, args.n, args.seed, cache_dir, lambda: open_sandbox(SandboxSpec(), backend=args.backend),
-            log=lambda line: print(line, file=sys.stderr, flush=True), max_tries=args.max_tries,
-        )
+    reports = generate_projects(
+        Generator(), requirements or list(DEFAULT_PROJECTS), args.n, args.seed, cache_dir,
+        lambda: open_sandbox(SandboxSpec(), backend=args.backend), jobs=args.jobs, max_tries=args.max_tries,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for report in reports:
         print(report.model_dump_json(), flush=True)
-    return 0
+    print(summary_table(reports), file=sys.stderr, flush=True)
+    return 0 if any(not report.refused for report in reports) else 1
 
 
 def export_tasks(args: argparse.Namespace) -> int:
@@ -199,11 +207,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=_clear_errors(validate_tasks))
 
     generate = commands.add_parser("generate", help="generate tasks into the cache")
-    generate.add_argument("generator", choices=["feature-deletion", "codeio"])
-    generate.add_argument("--project", action="append", help="NAME==VERSION of a pure-Python sdist with tests, or a local NAME-VERSION.tar.gz (repeatable)")
-    generate.add_argument("--n", type=int, default=50, help="tasks to generate per project (feature-deletion: valid ones, each through the gate)")
+    generate.add_argument("generator", choices=["feature-deletion", "bug-injection", "codeio"])
+    generate.add_argument(
+        "--project", action="append", help="feature-deletion, bug-injection: NAME==VERSION of a pure-Python sdist with tests, "
+        "or a local NAME-VERSION.tar.gz (repeatable; default: the curated list, env_server/tasks/projects.py)",
+    )
+    generate.add_argument("--projects-file", help="a file of such projects, one per line (# comments)")
+    generate.add_argument("--n", type=int, default=50, help="tasks to generate (per project: valid ones, each through the gate)")
     generate.add_argument("--seed", type=int, default=0)
-    generate.add_argument("--max-tries", type=int, help="feature-deletion: candidates to try at most per project (default: all)")
+    generate.add_argument("--max-tries", type=int, help="candidates to try at most per project, earlier runs' included (default: all)")
+    generate.add_argument("--jobs", type=int, default=1, help="projects generated at once, each in its own sandbox")
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
     generate.set_defaults(func=_clear_errors(generate_tasks))
 
