@@ -7,7 +7,7 @@
 Grading: for each suite, the reference solution of `--tasks` tasks is graded twice, once with a
 cold fresh sandbox per grade (`grade`'s default) and once with the grading sandbox taken from a
 warm pool whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached). Baseline in the same run: opening and closing one cold
-sandbox, the floor of cold grading. Generation: `feature_deletion.generate` into a scratch
+sandbox, the floor of cold grading. Generation: `generate_project(FeatureDeletion(), ...)` into a scratch
 cache; tasks per minute and the share of tried candidates that became tasks. Every reference solution
 must earn 1.0, cold and warm (else the grader timed a failure) and every generation must give a task.
 `--tiny` (CI's run, offline): one builtin task, and one task generated from a small local sdist
@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 from env_server.grading.grader import grade, prepare_workspace, prewarm_grader
-from env_server.tasks import default_registry, feature_deletion
+from env_server.tasks import default_registry
+from env_server.tasks.feature_deletion import FeatureDeletion
+from env_server.tasks.repo_generation import generate_project
 from env_server.tasks.validation import solve
 from samples import checked_exec, checked_grade, percentile
 from sandbox import SandboxSpec, WarmPool, open_sandbox
@@ -78,7 +80,7 @@ def bench_generation(projects: list[str], n: int) -> None:
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as cache:
         for requirement in projects:
-            report = feature_deletion.generate(requirement, n, 0, Path(cache), lambda: open_sandbox(SandboxSpec()))
+            report = generate_project(FeatureDeletion(), requirement, n, 0, Path(cache), lambda: open_sandbox(SandboxSpec()))
             if not report.valid:
                 raise RuntimeError(f"{requirement} gave no task: {report.model_dump_json()[:500]}")
             print(

@@ -288,7 +288,8 @@ def generate_project(
             setup_seconds = time.perf_counter() - started
             cache.baseline_file.write_text(_StoredBaseline(baseline=baseline, setup_seconds=setup_seconds).model_dump_json() + "\n")
             log(f"{project.key}: baseline {len(baseline.passed)} passed, {baseline.failed} not, {baseline.unstable} test "
-                f"functions left out (ids or results change between runs); {baseline.seconds:.1f} s; {len(pool)} candidates")
+                f"functions left out (ids or results change between runs), {baseline.not_graded} that the grader fails; "
+                f"{baseline.seconds:.1f} s; {len(pool)} candidates")
         for position in order:
             if len(tasks) >= n or (max_tries is not None and len(attempts) >= max_tries):
                 break

@@ -13,7 +13,7 @@ import pytest
 from env_server.tasks import default_registry
 from env_server.tasks.cli import main
 from env_server.tasks.export import dataset_row
-from env_server.tasks.feature_deletion import declared_license
+from env_server.tasks.projects import declared_license
 from trainer_client.task_rows import task_row
 
 COLUMNS = {"prompt", "task_id", "data_source", "agent_name", "env_class", "extra_info", "task_prompt", "max_steps", "source", "license"}

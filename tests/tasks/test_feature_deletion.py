@@ -1,5 +1,6 @@
 """Feature deletion: AST-located body removal, package discovery in every layout, and real
-generations from sdists, every candidate through the validity gate (decision 057).
+generations from sdists, every candidate through the validity gate (decision 057), resumable
+from the ledger (decision 127).
 
 The suite builds its sdist locally; the check against PyPI itself is opt-in
 (`CODING_ENV_NETWORK_TESTS=1`), since tests send no traffic beyond this machine.
@@ -16,7 +17,9 @@ import pytest
 
 from env_server.grading.grader import grade, prepare_workspace
 from env_server.tasks import default_registry
-from env_server.tasks.feature_deletion import Project, candidates, delete_body, find_packages, generate
+from env_server.tasks.feature_deletion import FeatureDeletion
+from env_server.tasks.projects import Project, find_packages
+from env_server.tasks.repo_generation import GenerationReport, generate_project
 from sandbox import Sandbox, SandboxSpec, open_sandbox
 from tests.support.sdists import local_sdist
 
@@ -47,8 +50,18 @@ PROJECT = Project(name="demo", version="1.0", packages=["demo"], source_root="",
                   files={"demo/__init__.py": SOURCE, "demo/tests/test_demo.py": "def test_x():\n    pass\n"})
 
 
+def candidates(project: Project) -> list[tuple[str, str]]:
+    return [(change.path, change.qualname) for change in FeatureDeletion().changes(project)]
+
+
+def generate(requirement: str, n: int, seed: int, cache: Path, max_tries: int | None = None) -> GenerationReport:
+    return generate_project(
+        FeatureDeletion(), requirement, n, seed, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"), max_tries=max_tries,
+    )
+
+
 def test_candidates_are_multi_line_bodies_of_package_code_only() -> None:
-    found = [(path, name) for path, name, _, _ in candidates(PROJECT)]
+    found = candidates(PROJECT)
     assert found == [("demo/__init__.py", "Shape.area"), ("demo/__init__.py", "total")]
 
 
@@ -65,23 +78,24 @@ def test_a_src_layout_with_files_beside_src_finds_its_package_and_only_its_code(
     # No egg-info: the distribution's name is not the package's; the directory under src/ is.
     assert find_packages(files, ["python_lib"]) == ("src", ["lib"])
     project = Project(name="lib", version="1", packages=["lib"], source_root="src", files=files)
-    assert sorted({path for path, *_ in candidates(project)}) == ["src/lib/__init__.py", "src/lib/core.py"]
+    assert sorted({path for path, _ in candidates(project)}) == ["src/lib/__init__.py", "src/lib/core.py"]
 
 
 def test_single_module_and_flat_layouts_find_their_code() -> None:
     single = _package_files("six.py", "test_six.py", "setup.py", "documentation/conf.py")
     assert find_packages(single, ["six"]) == ("", ["six"])
     project = Project(name="six", version="1", packages=["six"], source_root="", files=single)
-    assert {path for path, *_ in candidates(project)} == {"six.py"}
+    assert {path for path, _ in candidates(project)} == {"six.py"}
     flat = _package_files("tab/__init__.py", "test/common.py", "test/test_api.py", "benchmark.py")
     assert find_packages(flat, ["tab"]) == ("", ["tab"])
     project = Project(name="tab", version="1", packages=["tab"], source_root="", files=flat)
-    assert {path for path, *_ in candidates(project)} == {"tab/__init__.py"}
+    assert {path for path, _ in candidates(project)} == {"tab/__init__.py"}
 
 
 def test_deleting_a_body_keeps_docstring_signature_and_the_rest_of_the_file() -> None:
-    (_, _, first, last) = candidates(PROJECT)[0]
-    modified = delete_body(SOURCE, first, last)
+    change = FeatureDeletion().changes(PROJECT)[0]
+    modified = change.apply(SOURCE)
+    assert change.lines_changed == 3
     assert '    def area(self):\n        """Area in square units."""\n        raise NotImplementedError\n\n    def one_liner' in modified
     assert "width * height" not in modified and "keep me" not in modified
     assert modified.replace(modified[modified.index("    def area"):modified.index("    def one_liner")], "") == \
@@ -130,19 +144,30 @@ def normalise(text):
 
 
 def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> None:
-    report = generate(requirement, n, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
+    report = generate(requirement, n, 0, cache)
     assert report.valid == n and report.tried >= n and report.seconds_per_valid == report.seconds / n
     (tasks_file,) = (cache / "feature_deletion").glob("*/tasks-seed0.jsonl")
-    first_run = tasks_file.read_text()
     registry = default_registry(cache)
     ids = registry.ids("feature_deletion")
     assert len(ids) == n
     with open_sandbox(SandboxSpec(), backend="docker") as sandbox:
         for task_id in ids:
-            _check_task(sandbox, registry.get(task_id), package)
-    # Deterministic for a seed: the same deletions again.
-    generate(requirement, n, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
-    assert tasks_file.read_text() == first_run
+            task = registry.get(task_id)
+            difficulty = task.metadata["difficulty"]
+            assert difficulty["tests_failing"] >= 1 and difficulty["hidden_files"] == len(task.hidden_tests)
+            assert difficulty["lines_changed"] >= 3 and difficulty["call_depth"] == 1  # the tests call it directly
+            _check_task(sandbox, task, package)
+    # Resumable: a run that stopped after one task and a rerun asking for all give the same tasks,
+    # deterministic for a seed, and the rerun tries no candidate twice.
+    resumed = cache.parent / "resumed"
+    assert generate(requirement, 1, 0, resumed).valid == 1
+    again = generate(requirement, n, 0, resumed)
+    assert (again.valid, again.tried) == (n, report.tried)
+    (resumed_tasks,) = (resumed / "feature_deletion").glob("*/tasks-seed0.jsonl")
+    assert resumed_tasks.read_text() == tasks_file.read_text()
+    (ledger,) = (resumed / "feature_deletion").glob("*/tried-seed0.jsonl")
+    keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == report.tried
 
 
 @pytest.mark.docker
@@ -155,7 +180,7 @@ def test_generation_from_a_local_sdist_yields_gradable_tasks(tmp_path: Path) -> 
 def test_candidates_a_trivial_body_passes_are_not_written(tmp_path: Path) -> None:
     sdist = local_sdist(tmp_path, "weakchecks-0.1", WEAKCHECKS)
     cache = tmp_path / "cache"
-    report = generate(str(sdist), 3, 0, cache, lambda: open_sandbox(SandboxSpec(), backend="docker"))
+    report = generate(str(sdist), 3, 0, cache)
     # Every deletion breaks a test, so all three reach the gate; two are refused there.
     assert report.baseline_tests == 3
     assert (report.candidates, report.tried, report.valid) == (3, 3, 1)
