@@ -37,6 +37,7 @@ RUN_BY: list[tuple[str, str]] = [
     (r"coding-env tasks show .*", "tests/test_readme_commands.py::test_the_cheap_task_commands_run_as_written"),
     (r"coding-env tasks validate .*", "tests/tasks/test_validity_gate.py::test_cli_validate_reports_every_baseline"),
     (r"coding-env tasks generate feature-deletion .*", "tests/tasks/test_feature_deletion.py::test_generation_from_a_local_sdist_yields_gradable_tasks"),
+    (r"coding-env tasks generate bug-injection .*", "tests/tasks/test_bug_injection.py::test_generation_writes_only_tasks_the_whole_suite_grades"),
     (r"coding-env tasks export .*", "tests/tasks/test_export.py::test_parquet_and_json_lines_hold_the_same_rows_and_trl_reads_them_as_conversations"),
     (r"coding-train train --config cpu_smoke --env-url \S+", "tests/trainer/test_shipped_configs.py::test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss"),
     (r"coding-train plot \S+", "tests/trainer/test_shipped_configs.py::test_cpu_smoke_runs_all_three_channels_with_a_nonzero_loss"),

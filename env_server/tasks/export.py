@@ -11,7 +11,9 @@ solutions, everything under `metadata`) stays in the service. The columns:
 - `data_source`: `coding-env/<suite>` (verl and SkyRL group their metrics by it).
 - `agent_name`: the verl agent loop that plays the row (`trainer_client.integrations.verl`).
 - `env_class`: the SkyRL environment that plays it (`trainer_client.integrations.skyrl`).
-- `extra_info`: `task_id`, `suite`, `split` (verl's agent loop reads `extra_info["task_id"]`).
+- `extra_info`: `task_id`, `suite`, `split` (verl's agent loop reads `extra_info["task_id"]`), and
+  for real-repository tasks their `difficulty` (lines changed, tests failing, hidden files, call
+  depth: a curriculum's keys).
 - `task_prompt`, `max_steps`: what the agent is told at reset and its step budget, for browsing
   and curricula.
 - `source`, `license`: where the task comes from and under which licence.
@@ -51,7 +53,8 @@ def dataset_row(task: TaskSpec, suite: str) -> dict[str, Any]:
         "data_source": f"coding-env/{suite}",
         "agent_name": PLAYER_NAME,
         "env_class": PLAYER_NAME,
-        "extra_info": {"task_id": task.id, "suite": suite, "split": split},
+        "extra_info": {"task_id": task.id, "suite": suite, "split": split}
+        | ({"difficulty": task.metadata["difficulty"]} if task.metadata.get("difficulty") else {}),
         "task_prompt": task.prompt,
         "max_steps": task.limits.max_steps,
         "source": source,

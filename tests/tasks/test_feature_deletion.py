@@ -198,6 +198,23 @@ def test_candidates_a_trivial_body_passes_are_not_written(tmp_path: Path) -> Non
 
 
 @pytest.mark.docker
+def test_a_projects_file_generates_each_and_reports_a_refused_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from env_server.cli import main
+
+    good = local_sdist(tmp_path)
+    untested = local_sdist(tmp_path, "notests-0.1", {"notests/__init__.py": "def f(x):\n    y = x\n    z = y\n    return z\n"})
+    listing = tmp_path / "projects.txt"
+    listing.write_text(f"# two projects\n{good}\n\n{untested}  # ships no tests\n")
+    argv = ["tasks", "--cache-dir", str(tmp_path / "cache"), "generate", "feature-deletion", "--projects-file", str(listing), "--n", "1", "--jobs", "2"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert [(report["project"], report["valid"]) for report in reports] == [("ministats-0.1", 1), ("notests-0.1", 0)]
+    assert "no test passes in the sandbox" in reports[1]["refused"]
+    assert "| ministats-0.1 | 3 | 3 | 1 | 1 |" in err and "| notests-0.1 | refused:" in err and "| all (2 projects) |" in err
+
+
+@pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CODING_ENV_NETWORK_TESTS") != "1", reason="downloads from PyPI; set CODING_ENV_NETWORK_TESTS=1")
 def test_generation_from_a_pypi_sdist_yields_gradable_tasks(tmp_path: Path) -> None:
