@@ -43,6 +43,7 @@ from sandbox import Sandbox
 _Line = TypeVar("_Line", bound=BaseModel)
 MAX_CALL_DEPTH = 8
 """How far `call_depth` follows calls before it reports no static path."""
+_CONSTRUCTORS = frozenset({"__new__", "__init__", "__post_init__"})
 
 
 class Change(BaseModel):
@@ -371,6 +372,9 @@ def call_depth(project: Project, qualname: str, tests: Iterable[str]) -> int | N
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 calls[node.name] |= _called_names(node)
+            elif isinstance(node, ast.ClassDef):  # calling a class runs its constructor
+                constructors = [item for item in node.body if isinstance(item, ast.FunctionDef) and item.name in _CONSTRUCTORS]
+                calls[node.name] |= {name for item in constructors for name in _called_names(item)}
     frontier: set[str] = set()
     for test in tests:
         frontier |= _test_calls(project, test)

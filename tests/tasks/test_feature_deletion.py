@@ -233,3 +233,23 @@ def _check_task(sandbox: Sandbox, task, package: str) -> None:
     for path, text in task.metadata["solution"].items():
         sandbox.write_file(path, text)
     assert grade(sandbox, task).reward == 1.0
+
+
+def test_call_depth_counts_calls_from_a_failing_test_to_the_changed_function() -> None:
+    from env_server.tasks.repo_generation import call_depth
+
+    source = (
+        "class Box:\n    def __init__(self, x):\n        self.x = helper(x)\n\n\n"
+        "def helper(x):\n    return inner(x)\n\n\ndef inner(x):\n    return x\n\n\ndef unused(x):\n    return x\n"
+    )
+    tests = (
+        "from deep import Box, inner\n\n\ndef test_box():\n    assert Box(1).x == 1\n\n\n"
+        "class TestInner:\n    def test_inner(self):\n        assert inner(2) == 2\n"
+    )
+    project = Project(name="deep", version="1", packages=["deep"], source_root="", files={"deep.py": source, "tests/test_deep.py": tests})
+    box = ["tests/test_deep::test_box"]
+    assert call_depth(project, "Box.__init__", box) == 1  # a constructor is called by its class's name
+    assert call_depth(project, "helper", box) == 2
+    assert call_depth(project, "inner", box) == 3
+    assert call_depth(project, "inner", [*box, "tests/test_deep/TestInner::test_inner"]) == 1
+    assert call_depth(project, "unused", box) is None
