@@ -189,6 +189,14 @@ def _append(path: Path, model: BaseModel) -> None:
         file.write(model.model_dump_json() + "\n")
 
 
+def _drop_partial_line(path: Path) -> None:
+    """Cut the half line a killed run may have left, so that the next line appended stands on its own."""
+    if path.exists():
+        text = path.read_text()
+        if text and not text.endswith("\n"):
+            path.write_text(text[: text.rfind("\n") + 1])
+
+
 def rejection_reasons(verdict: Validity) -> list[str]:
     """The gate's verdict as rejection reasons (empty when valid)."""
     reasons = [f"baseline {score.name} > 0" for score in verdict.baselines if score.reward > 0]
@@ -274,6 +282,8 @@ def generate_project(
     pool = generator.changes(project)
     order = list(range(len(pool)))
     random.Random(seed).shuffle(order)
+    for path in (cache.tasks_file, cache.ledger_file):
+        _drop_partial_line(path)
     tasks = _read_lines(cache.tasks_file, generator.task_type)
     attempts = {attempt.key: attempt for attempt in _read_lines(cache.ledger_file, Attempt)}
     kept_functions = {(task.path, task.qualname) for task in tasks}
@@ -305,6 +315,8 @@ def generate_project(
             task, reasons, detail = _try(generator, project, change, baseline, sandbox, position)
             attempt = Attempt(key=change.key, reasons=reasons, seconds=time.perf_counter() - tried_at)
             if task is not None:
+                # The task before its ledger line: a run killed between the two finds the function
+                # kept on its rerun and tries none of its candidates again.
                 _append(cache.tasks_file, task)
                 tasks.append(task)
                 kept_functions.add((task.path, task.qualname))

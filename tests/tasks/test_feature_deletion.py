@@ -161,11 +161,13 @@ def _generate_and_check(requirement: str, n: int, cache: Path, package: str) -> 
     # deterministic for a seed, and the rerun tries no candidate twice.
     resumed = cache.parent / "resumed"
     assert generate(requirement, 1, 0, resumed).valid == 1
+    (ledger,) = (resumed / "feature_deletion").glob("*/tried-seed0.jsonl")
+    with ledger.open("a") as half_written:  # a run killed while it wrote a line
+        half_written.write('{"key": "ministats/__init__.py:sp')
     again = generate(requirement, n, 0, resumed)
     assert (again.valid, again.tried) == (n, report.tried)
     (resumed_tasks,) = (resumed / "feature_deletion").glob("*/tasks-seed0.jsonl")
     assert resumed_tasks.read_text() == tasks_file.read_text()
-    (ledger,) = (resumed / "feature_deletion").glob("*/tried-seed0.jsonl")
     keys = [json.loads(line)["key"] for line in ledger.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == report.tried
 
