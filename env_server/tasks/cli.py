@@ -155,6 +155,8 @@ def generate_tasks(args: argparse.Namespace) -> int:
         from env_server.tasks.feature_deletion import FeatureDeletion as Generator
     requirements = list(args.project or [])
     if args.projects_file:
+        if not Path(args.projects_file).is_file():
+            raise ValueError(f"no projects file {args.projects_file}")
         lines = Path(args.projects_file).read_text().splitlines()
         requirements += [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
     # Every candidate goes through the validity gate; only valid tasks are written (decision 057).
