@@ -33,12 +33,14 @@ from env_server.tasks.validation import clear_workspace
 from sandbox import Sandbox
 
 DEFAULT_PROJECTS = (
-    # Pure-Python sdists whose tests run in the sandbox image with pytest alone, pinned. Flat
-    # packages (toolz, idna, boltons, ...), src layouts with files beside src/ (cachetools,
-    # isodate, text-unidecode), single modules (six, parse, xmltodict), tests inside the package
-    # (toolz, pyflakes, simplejson). Checked 2026-11-27: `benchmarks/feature_deletion_yield.py`.
-    "toolz==1.0.0", "cachetools==5.3.3", "idna==3.7", "inflection==0.5.1", "six==1.16.0", "isodate==0.7.2",
-    "jmespath==1.0.1", "parse==1.20.2", "xmltodict==0.13.0", "tabulate==0.9.0", "boltons==24.0.0", "pyflakes==3.2.0",
+    # Pure-Python sdists whose tests run in the sandbox image with pytest alone, pinned: each gave
+    # gate-valid tasks on 2026-11-27 (docs/benchmarks.md, "Real-repository tasks at scale"). Flat
+    # packages (toolz, boltons, click, ...), src layouts with files beside src/ (cachetools, isodate),
+    # single modules (six, parse, xmltodict), tests inside the package (toolz, pyflakes, simplejson).
+    "boltons==26.2.0", "cachetools==8.0.2", "click==8.1.7", "idna==3.7", "inflection==0.5.1", "isodate==0.7.2",
+    "jmespath==1.0.1", "mistune==2.0.5", "ordered-set==4.1.0", "parse==1.20.2", "pathspec==0.12.1", "pyasn1==0.6.5",
+    "pyflakes==4.1.0", "simplejson==4.3.0", "six==1.17.0", "sqlparse==0.6.1", "tabulate==0.10.0", "toolz==1.2.0",
+    "Unidecode==1.4.0", "webencodings==0.6.1", "xmltodict==1.0.4",
 )
 """The projects `coding-env tasks generate` draws from when none is given."""
 
