@@ -163,7 +163,7 @@ def generate_tasks(args: argparse.Namespace) -> int:
     reports = generate_projects(
         Generator(), requirements or list(DEFAULT_PROJECTS), args.n, args.seed, cache_dir,
         lambda: open_sandbox(SandboxSpec(), backend=args.backend), jobs=args.jobs, max_tries=args.max_tries,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
+        log=lambda line: print(line, file=sys.stderr, flush=True), progress={"auto": None, "always": True, "never": False}[args.progress],
     )
     for report in reports:
         print(report.model_dump_json(), flush=True)
@@ -219,6 +219,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--max-tries", type=int, help="candidates to try at most per project, earlier runs' included (default: all)")
     generate.add_argument("--jobs", type=int, default=1, help="projects generated at once, each in its own sandbox")
+    generate.add_argument("--progress", choices=["auto", "always", "never"], default="auto", help="a progress bar of kept tasks on stderr (auto: on a terminal)")
     generate.add_argument("--backend", choices=["docker", "local"], default="docker")
     generate.set_defaults(func=_clear_errors(generate_tasks))
 

@@ -207,12 +207,14 @@ def test_a_projects_file_generates_each_and_reports_a_refused_one(tmp_path: Path
     untested = local_sdist(tmp_path, "notests-0.1", {"notests/__init__.py": "def f(x):\n    y = x\n    z = y\n    return z\n"})
     listing = tmp_path / "projects.txt"
     listing.write_text(f"# two projects\n{good}\n\n{untested}  # ships no tests\n")
-    argv = ["tasks", "--cache-dir", str(tmp_path / "cache"), "generate", "feature-deletion", "--projects-file", str(listing), "--n", "1", "--jobs", "2"]
+    argv = ["tasks", "--cache-dir", str(tmp_path / "cache"), "generate", "feature-deletion", "--projects-file", str(listing), "--n", "1", "--jobs", "2", "--progress", "always"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     reports = [json.loads(line) for line in out.splitlines()]
     assert [(report["project"], report["valid"]) for report in reports] == [("ministats-0.1", 1), ("notests-0.1", 0)]
     assert "no test passes in the sandbox" in reports[1]["refused"]
+    # The bar counts kept tasks; the refused project's share leaves its total.
+    assert "feature_deletion: 100%" in err and "1/1" in err
     assert "| ministats-0.1 | 3 | 3 | 1 | 1 |" in err and "| notests-0.1 | refused:" in err and "| all (2 projects) |" in err
 
 
