@@ -25,9 +25,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from env_server.models import TaskLimits, TaskSpec
+from env_server.models import TaskSpec
 from env_server.tasks import StaticSuite
-from env_server.tasks.projects import Baseline, Project, ProjectRun, module_name, test_command, test_file_for
+from env_server.tasks.projects import Baseline, Project, ProjectRun, test_command, test_file_for
 from env_server.tasks.repo_generation import Change, RepoTask, RepoTaskGenerator
 
 SUITE = "bug_injection"
@@ -92,38 +92,17 @@ class BugInjection(RepoTaskGenerator):
 
     def task_spec(self, project: Project, task: RepoTask) -> TaskSpec:
         assert isinstance(task, InjectedBug)
-        test_files = set(project.test_files)
-        hidden = set(task.hidden)
-        graded_files = {test_file_for(test, sorted(test_files)) for test in task.graded}
-        files = {path: text for path, text in project.files.items() if path not in test_files}
-        files[task.path] = task.modified
-        return TaskSpec(
-            id=f"{SUITE}/{project.key}/{module_name(project, task.path)}.{task.qualname}",
-            prompt=(
-                f"This is the {project.name} {project.version} project, and it has a bug. A test that "
-                f"passed before now fails:\n\n    {task.symptom_test}\n    {_one_paragraph(task.symptom)}\n\n"
-                f"Find the bug and fix it without breaking anything else. Run the visible tests with "
-                f"`{test_command(project)}`. The failing tests are not in the workspace; they and the "
-                f"rest of the suite will grade your work."
-            ),
-            files=files,
-            visible_tests={path: project.files[path] for path in sorted(test_files - hidden)},
-            test_command=test_command(project),
-            # Every file with a graded test, the visible ones too: nothing else may break.
-            hidden_tests={path: project.files[path] for path in sorted(graded_files - {None})},
-            grade_command=test_command(project),
-            limits=TaskLimits(max_steps=40, grade_timeout_s=task.grade_timeout_s),
-            metadata={
-                "source": f"{project.name}=={project.version} sdist",
-                "license": project.license,
-                "package": project.packages[0],
-                "packages": project.packages,
-                "graded_test_ids": task.graded,
-                "mutation": task.kind,
-                "solution": {task.path: project.files[task.path]},
-                "difficulty": task.difficulty.model_dump() if task.difficulty else None,
-            },
+        test_files = project.test_files
+        prompt = (
+            f"This is the {project.name} {project.version} project, and it has a bug. A test that "
+            f"passed before now fails:\n\n    {task.symptom_test}\n    {_one_paragraph(task.symptom)}\n\n"
+            f"Find the bug and fix it without breaking anything else. Run the visible tests with "
+            f"`{test_command(project)}`. The failing tests are not in the workspace; they and the "
+            f"rest of the suite will grade your work."
         )
+        # Every file with a graded test, the visible ones too: nothing else may break.
+        graded_files = sorted({file for test in task.graded if (file := test_file_for(test, test_files))})
+        return self.served(project, task, prompt, hidden_tests={path: project.files[path] for path in graded_files}, mutation=task.kind)
 
 
 def _one_paragraph(message: str) -> str:

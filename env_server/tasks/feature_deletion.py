@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from env_server.models import TaskLimits, TaskSpec
+from env_server.models import TaskSpec
 from env_server.tasks import StaticSuite
-from env_server.tasks.projects import Baseline, Project, ProjectRun, module_name, test_command, test_file_for
+from env_server.tasks.projects import Baseline, Project, ProjectRun, test_command, test_file_for
 from env_server.tasks.repo_generation import Change, RepoTask, RepoTaskGenerator
 
 SUITE = "feature_deletion"
@@ -62,34 +62,13 @@ class FeatureDeletion(RepoTaskGenerator):
         )
 
     def task_spec(self, project: Project, task: RepoTask) -> TaskSpec:
-        hidden = set(task.hidden)
-        test_files = set(project.test_files)
-        files = {path: text for path, text in project.files.items() if path not in test_files}
-        files[task.path] = task.modified
-        return TaskSpec(
-            id=f"{SUITE}/{project.key}/{module_name(project, task.path)}.{task.qualname}",
-            prompt=(
-                f"This is the {project.name} {project.version} project. The body of `{task.qualname}` in "
-                f"{task.path} was removed; it now raises NotImplementedError. Implement it so that the "
-                f"project's behaviour is restored. Run the tests with `{test_command(project)}`. The tests "
-                f"that exercise it most are not in the workspace; they will grade your work."
-            ),
-            files=files,
-            visible_tests={path: project.files[path] for path in sorted(test_files - hidden)},
-            test_command=test_command(project),
-            hidden_tests={path: project.files[path] for path in task.hidden},
-            grade_command=test_command(project),
-            limits=TaskLimits(max_steps=40, grade_timeout_s=task.grade_timeout_s),
-            metadata={
-                "source": f"{project.name}=={project.version} sdist",
-                "license": project.license,
-                "package": project.packages[0],
-                "packages": project.packages,
-                "graded_test_ids": task.graded,
-                "solution": {task.path: project.files[task.path]},
-                "difficulty": task.difficulty.model_dump() if task.difficulty else None,
-            },
+        prompt = (
+            f"This is the {project.name} {project.version} project. The body of `{task.qualname}` in "
+            f"{task.path} was removed; it now raises NotImplementedError. Implement it so that the "
+            f"project's behaviour is restored. Run the tests with `{test_command(project)}`. The tests "
+            f"that exercise it most are not in the workspace; they will grade your work."
         )
+        return self.served(project, task, prompt, hidden_tests={path: project.files[path] for path in task.hidden})
 
 
 def _bodies(tree: ast.Module) -> Iterator[tuple[str, int, int]]:

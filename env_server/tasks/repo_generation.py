@@ -33,9 +33,10 @@ from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
 from env_server.grading.grader import prewarm_grader
-from env_server.models import TaskSpec
+from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks.projects import (
-    Baseline, Project, ProjectRefused, ProjectRun, download, establish_baseline, restore, run_tests, test_file_for,
+    Baseline, Project, ProjectRefused, ProjectRun, download, establish_baseline, module_name, restore, run_tests, test_command,
+    test_file_for,
 )
 from env_server.tasks.validation import Validity, validate_task
 from sandbox import Sandbox
@@ -157,6 +158,33 @@ class RepoTaskGenerator(ABC):
     @abstractmethod
     def task_spec(self, project: Project, task: RepoTask) -> TaskSpec:
         """The task as the service serves it."""
+
+    def served(self, project: Project, task: RepoTask, prompt: str, hidden_tests: dict[str, str], **metadata: object) -> TaskSpec:
+        """The task spec both generators serve: the project with the changed file, the test files
+        not in `task.hidden` visible, `hidden_tests` graded, the original file as the reference."""
+        test_files = set(project.test_files)
+        files = {path: text for path, text in project.files.items() if path not in test_files}
+        files[task.path] = task.modified
+        return TaskSpec(
+            id=f"{self.suite}/{project.key}/{module_name(project, task.path)}.{task.qualname}",
+            prompt=prompt,
+            files=files,
+            visible_tests={path: project.files[path] for path in sorted(test_files - set(task.hidden))},
+            test_command=test_command(project),
+            hidden_tests=hidden_tests,
+            grade_command=test_command(project),
+            limits=TaskLimits(max_steps=40, grade_timeout_s=task.grade_timeout_s),
+            metadata={
+                "source": f"{project.name}=={project.version} sdist",
+                "license": project.license,
+                "package": project.packages[0],
+                "packages": project.packages,
+                "graded_test_ids": task.graded,
+                "solution": {task.path: project.files[task.path]},
+                "difficulty": task.difficulty.model_dump() if task.difficulty else None,
+                **metadata,
+            },
+        )
 
     def cached_tasks(self, cache_dir: Path) -> list[TaskSpec]:
         """Every task generated into `cache_dir`, as served."""
