@@ -2,7 +2,7 @@
 
     python benchmarks/task_generation_yield.py [--generator feature-deletion|bug-injection ...] [--n 5]
                                                [--max-tries 15] [--jobs 2] [--seed 0] [--cache-dir DIR]
-                                               [--project NAME==VERSION ...] [--tiny]
+                                               [--project NAME==VERSION ...] [--report-only] [--tiny]
 
 What `coding-env tasks generate` runs (`repo_generation.generate_projects`), over the curated
 default projects unless `--project` names others: pip downloads each sdist, its tests run in a
@@ -11,7 +11,8 @@ the validity gate (reference 1.0 through the real grader; untouched, emptied and
 0). A project whose tests do not run in the sandbox is refused, and its row says why.
 
 Resumable: the generator's own cache (`--cache-dir`, default out/task-generation-cache) holds every
-tried candidate; a rerun continues, and the tables cover every run so far.
+tried candidate; a rerun continues, and the tables cover every run so far. `--report-only` prints the
+tables of what the cache holds without generating (a long run stopped, or still going elsewhere).
 
 `--tiny` (CI's run, offline): one task per generator from small projects packed here as sdists
 (`tests/support/sdists.py`), into a scratch cache; they are known to give tasks, so a refusal or a
@@ -31,7 +32,7 @@ from pathlib import Path
 from env_server.tasks.bug_injection import BugInjection
 from env_server.tasks.feature_deletion import FeatureDeletion
 from env_server.tasks.projects import DEFAULT_PROJECTS
-from env_server.tasks.repo_generation import generate_projects, summary_table
+from env_server.tasks.repo_generation import cached_reports, generate_projects, summary_table
 from sandbox import SandboxSpec, open_sandbox
 
 # The tiny run's sdists are test helpers (tests/support/sdists.py), imported from the repository's root.
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="projects generated at once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default="out/task-generation-cache", help="the generators' cache (resumable)")
+    parser.add_argument("--report-only", action="store_true", help="the tables of what --cache-dir holds; nothing generated")
     parser.add_argument("--tiny", action="store_true", help="one task per generator from local sdists, offline")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
@@ -66,13 +68,18 @@ def main() -> None:
             projects = {name: args.project or list(DEFAULT_PROJECTS) for name in GENERATORS}
             cache = Path(args.cache_dir)
         for name in args.generator or sorted(GENERATORS):
-            reports = generate_projects(
-                GENERATORS[name](), projects[name], args.n, args.seed, cache, lambda: open_sandbox(SandboxSpec()),
-                jobs=args.jobs, max_tries=args.max_tries, log=lambda line: print(line, flush=True),
-            )
+            if args.report_only:
+                reports = cached_reports(GENERATORS[name](), cache, args.seed)
+            else:
+                reports = generate_projects(
+                    GENERATORS[name](), projects[name], args.n, args.seed, cache, lambda: open_sandbox(SandboxSpec()),
+                    jobs=args.jobs, max_tries=args.max_tries, log=lambda line: print(line, flush=True),
+                )
             print(f"\n{name}:\n\n{summary_table(reports)}\n", flush=True)
             if args.tiny and any(report.valid < args.n for report in reports):
                 raise SystemExit(f"a tiny project gave no {name} task: {[report.model_dump() for report in reports]}")
+            if args.tiny and cached_reports(GENERATORS[name](), cache, args.seed) != reports:
+                raise SystemExit(f"the {name} cache does not say what the run reported")
 
 
 if __name__ == "__main__":

@@ -353,11 +353,30 @@ def generate_project(
             attempts[attempt.key] = attempt
             if detail:
                 log(f"  {'kept' if task else 'refused by the gate'} {change.key}: {'; '.join(reasons) or 'valid'} ({detail})")
-    rejected = collections.Counter(reason for attempt in attempts.values() for reason in attempt.reasons)
+    return _report(project.key, baseline, setup_seconds, len(pool), list(attempts.values()), len(tasks))
+
+
+def _report(project: str, baseline: Baseline, setup_seconds: float, candidates: int, attempts: list[Attempt], valid: int) -> GenerationReport:
+    rejected = collections.Counter(reason for attempt in attempts for reason in attempt.reasons)
     return GenerationReport(
-        project=project.key, baseline_tests=len(baseline.passed), candidates=len(pool), tried=len(attempts), valid=len(tasks),
-        rejected=dict(sorted(rejected.items())), seconds=setup_seconds + sum(attempt.seconds for attempt in attempts.values()),
+        project=project, baseline_tests=len(baseline.passed), candidates=candidates, tried=len(attempts), valid=valid,
+        rejected=dict(sorted(rejected.items())), seconds=setup_seconds + sum(attempt.seconds for attempt in attempts),
     )
+
+
+def cached_reports(generator: RepoTaskGenerator, cache_dir: Path, seed: int) -> list[GenerationReport]:
+    """What the cache says generation from each project did so far (every run of `seed`), read
+    without a sandbox: the figures of a long run that was stopped, or is still going."""
+    reports = []
+    for directory in sorted((cache_dir / generator.suite).glob("*/")):
+        stored = _read_lines(directory / "baseline.json", _StoredBaseline)
+        if not stored or not (directory / "project.json").exists():
+            continue
+        project = Project.model_validate_json((directory / "project.json").read_text())
+        attempts = _read_lines(directory / f"tried-seed{seed}.jsonl", Attempt)
+        valid = len(_read_lines(directory / f"tasks-seed{seed}.jsonl", generator.task_type))
+        reports.append(_report(project.key, stored[0].baseline, stored[0].setup_seconds, len(generator.changes(project)), attempts, valid))
+    return reports
 
 
 def _try(
