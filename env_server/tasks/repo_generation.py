@@ -79,7 +79,8 @@ class Difficulty(BaseModel):
     """Test files the agent does not see."""
     call_depth: int | None
     """Fewest calls from a breaking test to the changed function, found statically by name (1: a
-    test calls it directly); None when no such path of at most MAX_CALL_DEPTH calls is found."""
+    test calls it directly; `x[k]`, `x == y`, `len(x)`, `for`, `with` call their special methods);
+    None when no such path of at most MAX_CALL_DEPTH calls is found."""
 
 
 class RepoTask(BaseModel):
@@ -448,12 +449,32 @@ def call_depth(project: Project, qualname: str, tests: Iterable[str]) -> int | N
     return None
 
 
+# Methods that syntax calls: `cache[key] = value` runs `__setitem__`, `x in s` runs `__contains__`.
+_SUBSCRIPT_METHODS = {ast.Load: "__getitem__", ast.Store: "__setitem__", ast.Del: "__delitem__"}
+_COMPARISON_METHODS = {
+    ast.Eq: "__eq__", ast.NotEq: "__ne__", ast.Lt: "__lt__", ast.LtE: "__le__", ast.Gt: "__gt__", ast.GtE: "__ge__",
+    ast.In: "__contains__", ast.NotIn: "__contains__",
+}
+_BUILTIN_METHODS = {"len": "__len__", "iter": "__iter__", "next": "__next__", "repr": "__repr__", "str": "__str__",
+                    "hash": "__hash__", "bool": "__bool__", "reversed": "__reversed__", "list": "__iter__", "sorted": "__iter__"}
+
+
 def _called_names(node: ast.AST) -> set[str]:
+    """Names `node` calls: by name or attribute, and the special methods its syntax runs."""
     names = set()
     for child in ast.walk(node):
         if isinstance(child, ast.Call):
             func = child.func
-            names.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "")
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            names.update({name, _BUILTIN_METHODS.get(name, "")})
+        elif isinstance(child, ast.Subscript):
+            names.add(_SUBSCRIPT_METHODS.get(type(child.ctx), ""))
+        elif isinstance(child, ast.Compare):
+            names.update(_COMPARISON_METHODS.get(type(op), "") for op in child.ops)
+        elif isinstance(child, ast.For | ast.comprehension):
+            names.update({"__iter__", "__next__"})
+        elif isinstance(child, ast.With):
+            names.update({"__enter__", "__exit__"})
     return names - {""}
 
 

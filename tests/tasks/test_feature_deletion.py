@@ -257,3 +257,9 @@ def test_call_depth_counts_calls_from_a_failing_test_to_the_changed_function() -
     assert call_depth(project, "inner", box) == 3
     assert call_depth(project, "inner", [*box, "tests/test_deep/TestInner::test_inner"]) == 1
     assert call_depth(project, "unused", box) is None
+    syntax = Project(name="deep", version="1", packages=["deep"], source_root="", files={
+        "deep.py": source + "\n\nclass Bag:\n    def __getitem__(self, key):\n        return inner(key)\n",
+        "tests/test_bag.py": "from deep import Bag\n\n\ndef test_bag():\n    assert Bag()[3] == 3\n",
+    })
+    assert call_depth(syntax, "Bag.__getitem__", ["tests/test_bag::test_bag"]) == 1  # `bag[3]` calls it
+    assert call_depth(syntax, "inner", ["tests/test_bag::test_bag"]) == 2
