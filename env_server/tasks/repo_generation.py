@@ -288,7 +288,7 @@ _MARKER_LOCK = threading.Lock()
 class _StoredBaseline(BaseModel):
     baseline: Baseline
     setup_seconds: float
-    """Download and both baseline runs."""
+    """Download and the baseline runs, the grader's included."""
 
 
 def generate_project(
@@ -320,7 +320,7 @@ def generate_project(
         # Python's and pytest's bytecode compiled once outside the workspace: every test run then
         # starts pytest in about 0.2 s instead of 0.7 s; the project's own files are never cached.
         prewarm_grader(sandbox)
-        stored = _read_lines(cache.baseline_file, _StoredBaseline) if cache.baseline_file.exists() else []
+        stored = _read_lines(cache.baseline_file, _StoredBaseline)
         if stored:
             baseline, setup_seconds = stored[0].baseline, stored[0].setup_seconds
             restore(sandbox, project)
