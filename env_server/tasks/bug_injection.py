@@ -121,6 +121,10 @@ class _LineOffsets:
     def at(self, line: int, column: int) -> int:
         return self._starts[line - 1] + len(self._lines[line - 1].encode()[:column].decode(errors="replace"))
 
+    def line_end(self, line: int) -> int:
+        """The offset just past line `line`'s newline."""
+        return self._starts[line]
+
     def span(self, node: ast.AST) -> tuple[int, int]:
         return self.at(node.lineno, node.col_offset), self.at(node.end_lineno, node.end_col_offset)
 
@@ -177,9 +181,8 @@ def _dropped_branches(node: ast.AST, text: str, offsets: _LineOffsets) -> Iterat
         for statement in block:
             if isinstance(statement, ast.If) and not statement.orelse:
                 start = offsets.at(statement.lineno, 0)
-                end = offsets.at(statement.end_lineno, 0) + len(text[offsets.at(statement.end_lineno, 0) :].split("\n", 1)[0]) + 1
                 if text[start : offsets.at(statement.lineno, statement.col_offset)].strip() == "":
-                    yield "dropped branch", start, min(end, len(text)), ""
+                    yield "dropped branch", start, offsets.line_end(statement.end_lineno), ""
 
 
 def _operator_span(node: ast.Compare, text: str, offsets: _LineOffsets) -> tuple[int, int] | None:

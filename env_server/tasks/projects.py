@@ -22,6 +22,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterator
+from functools import cached_property
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
@@ -88,7 +89,7 @@ class Project(BaseModel):
     def key(self) -> str:
         return f"{self.name}-{self.version}"
 
-    @property
+    @cached_property
     def test_files(self) -> list[str]:
         return sorted(path for path in self.files if path.endswith(".py") and _TEST_FILE.search(path))
 
