@@ -82,16 +82,16 @@ def plant(
     chooser = random.Random(hashlib.sha256(text.encode()).digest())  # the same canaries at every grading
     changed = [(test, edits) for test in tests if (edits := _failing_edits(test.node, chooser)) is not None]
     wanted = count if len(every) >= count else 2
+    lines = text.encode().splitlines(keepends=True)
+    if lines and not lines[-1].endswith(b"\n"):
+        lines[-1] += b"\n"
     if changed:
         picks = chooser.sample(changed, min(wanted, len(changed)))
         # A test copied twice is changed twice, each its own way (identical twins would point
         # at the original as the odd one out).
         picks += [(test, _failing_edits(test.node, chooser) or edits) for test, edits in (chooser.choice(changed) for _ in range(wanted - len(picks)))]
     else:
-        picks = [(test, _failing_first(test.node, tree)) for test in (chooser.choice(tests) for _ in range(wanted))]
-    lines = text.encode().splitlines(keepends=True)
-    if lines and not lines[-1].endswith(b"\n"):
-        lines[-1] += b"\n"
+        picks = [(test, _failing_first(test.node, tree, lines)) for test in (chooser.choice(tests) for _ in range(wanted))]
     taken = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     insertions: list[tuple[int, bytes]] = []
     planted = []
@@ -323,17 +323,22 @@ def _inverted(assertion: ast.stmt) -> list[_Edit] | None:
     return [_Edit((func.end_lineno, func.end_col_offset - len(func.attr)), (func.end_lineno, func.end_col_offset), inverse)]
 
 
-def _failing_first(function: ast.FunctionDef, tree: ast.Module) -> list[_Edit]:
+def _failing_first(function: ast.FunctionDef, tree: ast.Module, lines: list[bytes]) -> list[_Edit]:
     """The fallback: an assertion that cannot hold, as the copy's first statement, on a name the
-    file itself defines or imports."""
+    file itself defines or imports (`lines`: the file's source)."""
     names = [alias.asname or alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names]
     names += [target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets if isinstance(target, ast.Name)]
     name = next((name for name in names if name != "*"), function.name)
     first = function.body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) and len(function.body) > 1:
         first = function.body[1]  # after a docstring
-    indent = " " * first.col_offset
-    return [_Edit((first.lineno, first.col_offset), (first.lineno, first.col_offset), f"assert {name} is not {name}\n{indent}")]
+    assertion = f"assert {name} is not {name}"
+    # The statement it goes before keeps its own indentation, tabs included (spaces before a
+    # tab-indented line would not parse); a statement on its `def`'s line is a simple one, so
+    # the assertion joins it there with a semicolon.
+    indent = lines[first.lineno - 1][: first.col_offset]
+    text = f"{assertion}\n{indent.decode()}" if indent.isspace() else f"{assertion}; "
+    return [_Edit((first.lineno, first.col_offset), (first.lineno, first.col_offset), text)]
 
 
 def _first_line(function: ast.FunctionDef) -> int:

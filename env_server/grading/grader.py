@@ -277,7 +277,10 @@ def _dropped(path: str, member: tarfile.TarInfo, shipped: set[str]) -> bool:
 
 def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
     """Keep regular files and directories only, drop what could leak or subvert, restore the
-    task's test files (over whatever the agent put at their paths, directories included)."""
+    task's test files (over whatever the agent put at their paths, directories included): its
+    visible and hidden tests, its test configuration, and everything it shipped inside a test
+    directory (helpers, fixtures, expected outputs: what a test reads by a path relative to the
+    workspace is the task's, never the agent's)."""
     shipped = set(task.files) | set(task.visible_tests)
     kept = Submission(files={}, modes={}, directories={}, dropped=[])
     with tarfile.open(fileobj=io.BytesIO(workspace_tar), mode="r:*") as archive:
@@ -295,7 +298,7 @@ def clean_submission(workspace_tar: bytes, task: TaskSpec) -> Submission:
                 kept.modes[path] = member.mode & 0o777
     # The task's own tests and test configuration are the grader's, whatever the agent did to them.
     restored = {**task.visible_tests, **task.hidden_tests, **task.hidden_files}
-    restored.update({path: task.files[path] for path in shipped if PurePosixPath(path).name in _TEST_INFRA_NAMES})
+    restored.update({path: task.files[path] for path in task.files if PurePosixPath(path).name in _TEST_INFRA_NAMES or _test_root(path)})
     for path, content in restored.items():
         _clear_path_for(kept, path)
         kept.files[path] = content.encode()
@@ -449,6 +452,14 @@ _WRITABLE = ("/tmp", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev
 _TEST_DIRECTORY_NAMES = frozenset({"tests", "test", "testing"})
 
 
+def _test_root(path: str) -> str | None:
+    """The outermost test directory on `path`'s way (`src/pkg/tests` of
+    `src/pkg/tests/unit/data.json`), or None outside any."""
+    parts = PurePosixPath(path).parent.parts
+    depth = next((index for index, part in enumerate(parts) if part in _TEST_DIRECTORY_NAMES), None)
+    return None if depth is None else PurePosixPath(*parts[: depth + 1]).as_posix()
+
+
 def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str, list[tuple[str, str]]]]:
     """The files of the grader's copy of the suite (relative to its root directory) and the
     canaries planted in each hidden module (module path -> [(class or '', name)]).
@@ -457,11 +468,13 @@ def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str,
     their module names (importlib mode: the path below the root) are new at every grading and
     nothing importable could have been prepared under them. Beside them, from the task's original
     tree (never the agent's copies): its `conftest.py` files on their way (fixtures), its data files
-    in their directories, and the Python files of the test directories that hold them (a
-    `tests/__init__.py` that `from . import Mixin` reads, a `test/common.py` helper). The suite root
-    and those test directories go first on `sys.path` (`pythonpath`), so a relative import finds
-    the package `<prefix>.tests` and a bare sibling import finds the grader's copy before anything
-    in the workspace. Source directories never do: the solution is imported from the workspace."""
+    in their directories, and the whole test directory that holds them, at any depth (a
+    `tests/__init__.py` that `from . import Mixin` reads, a `test/common.py` helper, the
+    `tests/resources/` a test finds beside its `__file__`). The suite root, the prefix and those
+    test directories go first on `sys.path` (`pythonpath`), so a relative import finds the package
+    `<prefix>.tests`, an absolute one (`from tests import BaseCase`) the grader's `tests`, and a
+    bare sibling import the grader's copy, before anything in the workspace. Source directories
+    never do: the solution is imported from the workspace."""
     original = {**task.files, **task.visible_tests}
     rng = random.Random(uuid.uuid4().int)
     graded = task.metadata.get("graded_test_ids")
@@ -469,6 +482,7 @@ def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str,
     files: dict[str, str] = {}
     directories = set()
     test_directories = set()
+    test_roots = {root for path in task.hidden_tests if (root := _test_root(path))}
     for path, text in task.hidden_tests.items():
         module = PurePosixPath(path).with_suffix("").as_posix()
         # Only a test the reference passes is copied into a canary (a copy of a test that fails
@@ -483,13 +497,15 @@ def _suite_files(task: TaskSpec, prefix: str) -> tuple[dict[str, str], dict[str,
     for path, text in original.items():
         pure = PurePosixPath(path)
         parent = pure.parent.as_posix()
-        if pure.name == "conftest.py" and parent in directories:
+        if path in task.hidden_tests or pure.suffix == ".pyc":
+            continue
+        if (
+            (pure.name == "conftest.py" and parent in directories)
+            or _test_root(path) in test_roots
+            or (pure.suffix != ".py" and parent in directories and parent != ".")
+        ):
             files[f"{prefix}/{path}"] = text
-        elif pure.suffix == ".py" and parent in test_directories and path not in task.hidden_tests:
-            files[f"{prefix}/{path}"] = text
-        elif pure.suffix not in (".py", ".pyc") and parent in directories and parent != ".":
-            files[f"{prefix}/{path}"] = text
-    search = " ".join([".", *(f"{prefix}/{directory}" for directory in sorted(test_directories))])
+    search = " ".join([".", prefix, *(f"{prefix}/{directory}" for directory in sorted(test_directories))])
     files["pytest.ini"] = f"[pytest]\npythonpath = {search}\n"
     return files, canaries
 

@@ -125,6 +125,23 @@ def test_a_file_with_no_changeable_test_gets_copies_that_fail_first_thing(tmp_pa
     assert [ok for test, ok in outcomes.items() if test != "test_fallback::test_runs"] == [False, False]
 
 
+def test_copies_that_fail_first_thing_keep_a_tab_indented_file_s_indentation(tmp_path: Path) -> None:
+    """Spaces before a tab-indented statement would not parse: every graded test would error."""
+    text = (
+        "import os\nimport unittest\n\n\nclass Paths(unittest.TestCase):\n"
+        "\tdef test_walk(self):\n\t\t\"\"\"Docstring first.\"\"\"\n\t\tfor sep in os.sep:\n\t\t\tself.assertTrue(sep)\n\n"
+        "\tdef test_inline(self): seps = [os.sep]; print(seps)\n"
+    )
+    for seed in range(4):
+        planted_text, planted = canaries.plant(text, random.Random(seed))
+        assert len(planted) == 2
+        path = tmp_path / f"test_tabs{seed}.py"
+        path.write_text(planted_text)
+        outcomes = _outcomes(path)[path.stem]
+        assert outcomes["Paths::test_walk"] is True and outcomes["Paths::test_inline"] is True
+        assert [ok for test, ok in outcomes.items() if test not in {"Paths::test_walk", "Paths::test_inline"}] == [False, False]
+
+
 def test_only_tests_the_caller_allows_are_copied() -> None:
     text = "def test_good():\n    assert 1 + 1 == 2\n\n\ndef test_broken_upstream():\n    assert 'a' == 'b'\n"
     for seed in range(5):
