@@ -80,16 +80,16 @@ def plant(
     allowed = [test for test in every if copyable is None or copyable(_scope_name(test), test.node.name)]
     tests = allowed or every
     chooser = random.Random(hashlib.sha256(text.encode()).digest())  # the same canaries at every grading
-    changed = [(test, edits) for test in tests if (edits := _failing_edits(test.node, chooser)) is not None]
-    wanted = count if len(every) >= count else 2
     lines = text.encode().splitlines(keepends=True)
     if lines and not lines[-1].endswith(b"\n"):
         lines[-1] += b"\n"
+    changed = [(test, edits) for test in tests if (edits := _failing_edits(test.node, chooser, lines)) is not None]
+    wanted = count if len(every) >= count else 2
     if changed:
         picks = chooser.sample(changed, min(wanted, len(changed)))
         # A test copied twice is changed twice, each its own way (identical twins would point
         # at the original as the odd one out).
-        picks += [(test, _failing_edits(test.node, chooser) or edits) for test, edits in (chooser.choice(changed) for _ in range(wanted - len(picks)))]
+        picks += [(test, _failing_edits(test.node, chooser, lines) or edits) for test, edits in (chooser.choice(changed) for _ in range(wanted - len(picks)))]
     else:
         picks = [(test, _failing_first(test.node, tree, lines)) for test in (chooser.choice(tests) for _ in range(wanted))]
     taken = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
@@ -187,8 +187,8 @@ def _own_nodes(node: ast.AST) -> Iterator[ast.AST]:
         yield from _own_nodes(child)
 
 
-def _failing_edits(function: ast.FunctionDef, chooser: random.Random) -> list[_Edit] | None:
-    """Edits that make a copy of `function` fail wherever it passes, or None."""
+def _failing_edits(function: ast.FunctionDef, chooser: random.Random, lines: list[bytes]) -> list[_Edit] | None:
+    """Edits that make a copy of `function` (in the file of source `lines`) fail wherever it passes, or None."""
     exits = _exit_assertions(function)
     if not exits:
         return None
@@ -197,7 +197,7 @@ def _failing_edits(function: ast.FunctionDef, chooser: random.Random) -> list[_E
         changed = _changed_literal(assertion, chooser)
         # An inversion fails against a comparison that always answers "equal"; a changed
         # expected value does not, so the parameters' values come before it.
-        changed = [changed] if changed else _changed_parameter(function, assertion, chooser) or _inverted(assertion)
+        changed = [changed] if changed else _changed_parameter(function, assertion, chooser) or _inverted(assertion, lines)
         if changed is None:
             return None
         edits.update((edit.start, edit) for edit in changed)
@@ -303,16 +303,36 @@ def _changed_literal(assertion: ast.stmt, chooser: random.Random) -> _Edit | Non
 
 
 _OP_TEXT: dict[type[ast.cmpop], str] = {ast.Eq: "==", ast.NotEq: "!=", ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+_OP_PATTERN: dict[type[ast.cmpop], re.Pattern[str]] = {
+    ast.Eq: re.compile("=="), ast.NotEq: re.compile("!="), ast.In: re.compile(r"\bin\b"), ast.NotIn: re.compile(r"\bnot\s+in\b"),
+    ast.Is: re.compile(r"\bis\b"), ast.IsNot: re.compile(r"\bis\s+not\b"),
+}
 
 
-def _inverted(assertion: ast.stmt) -> list[_Edit] | None:
+def _source_between(lines: list[bytes], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The source text between two (line, byte column) positions."""
+    (line, column), (end_line, end_column) = start, end
+    if line == end_line:
+        return lines[line - 1][column:end_column].decode()
+    return (lines[line - 1][column:] + b"".join(lines[line : end_line - 1]) + lines[end_line - 1][:end_column]).decode()
+
+
+def _inverted(assertion: ast.stmt, lines: list[bytes]) -> list[_Edit] | None:
     """Edits of the source text only (the rest of the line keeps its quotes and spacing)."""
     if isinstance(assertion, ast.Assert):
         test = assertion.test
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _INVERSE_OPS:
             left, right = test.left, test.comparators[0]
+            # Between the operands lie the brackets that close the left one and open the right
+            # one (`(a - b) == c`), and maybe a comment: only the operator itself changes.
+            start, end = (left.end_lineno, left.end_col_offset), (right.lineno, right.col_offset)
+            between = _source_between(lines, start, end)
+            uncommented = re.sub(r"#[^\n]*", lambda comment: " " * len(comment.group()), between)
+            found = _OP_PATTERN[type(test.ops[0])].search(uncommented)
+            if found is None:
+                return None
             operator = _OP_TEXT[_INVERSE_OPS[type(test.ops[0])]]
-            return [_Edit((left.end_lineno, left.end_col_offset), (right.lineno, right.col_offset), f" {operator} ")]
+            return [_Edit(start, end, f"{between[: found.start()]}{operator}{between[found.end() :]}")]
         start, end = (test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset)
         return [_Edit(end, end, ")"), _Edit(start, start, "not (")]
     func = assertion.value.func
@@ -333,12 +353,16 @@ def _failing_first(function: ast.FunctionDef, tree: ast.Module, lines: list[byte
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) and len(function.body) > 1:
         first = function.body[1]  # after a docstring
     assertion = f"assert {name} is not {name}"
-    # The statement it goes before keeps its own indentation, tabs included (spaces before a
-    # tab-indented line would not parse); a statement on its `def`'s line is a simple one, so
-    # the assertion joins it there with a semicolon.
-    indent = lines[first.lineno - 1][: first.col_offset]
-    text = f"{assertion}\n{indent.decode()}" if indent.isspace() else f"{assertion}; "
-    return [_Edit((first.lineno, first.col_offset), (first.lineno, first.col_offset), text)]
+    # It goes on a line of its own before the statement's first line (its decorators', for a
+    # nested def or class), with that line's own indentation, tabs included: spaces before a
+    # tab-indented line would not parse. A statement on its `def`'s line (or after a `;`) is a
+    # simple one, so the assertion joins it there with a semicolon.
+    start = min([first.lineno, *(decorator.lineno for decorator in getattr(first, "decorator_list", []))])
+    if start == first.lineno and not lines[start - 1][: first.col_offset].isspace():
+        return [_Edit((first.lineno, first.col_offset), (first.lineno, first.col_offset), f"{assertion}; ")]
+    line = lines[start - 1]
+    indent = line[: len(line) - len(line.lstrip())]
+    return [_Edit((start, len(indent)), (start, len(indent)), f"{assertion}\n{indent.decode()}")]
 
 
 def _first_line(function: ast.FunctionDef) -> int:

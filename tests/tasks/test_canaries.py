@@ -125,21 +125,42 @@ def test_a_file_with_no_changeable_test_gets_copies_that_fail_first_thing(tmp_pa
     assert [ok for test, ok in outcomes.items() if test != "test_fallback::test_runs"] == [False, False]
 
 
-def test_copies_that_fail_first_thing_keep_a_tab_indented_file_s_indentation(tmp_path: Path) -> None:
-    """Spaces before a tab-indented statement would not parse: every graded test would error."""
+def test_copies_that_fail_first_thing_parse_whatever_the_first_statement(tmp_path: Path) -> None:
+    """Spaces before a tab-indented statement, or an assertion between a nested def and its
+    decorator, would not parse: every graded test of the file would error."""
     text = (
         "import os\nimport unittest\n\n\nclass Paths(unittest.TestCase):\n"
         "\tdef test_walk(self):\n\t\t\"\"\"Docstring first.\"\"\"\n\t\tfor sep in os.sep:\n\t\t\tself.assertTrue(sep)\n\n"
-        "\tdef test_inline(self): seps = [os.sep]; print(seps)\n"
+        "\tdef test_inline(self): seps = [os.sep]; print(seps)\n\n"
+        "\tdef test_decorated_first(self):\n\t\t@staticmethod\n\t\tdef join(*parts):\n\t\t\treturn os.sep.join(parts)\n"
+        "\t\tprint(join('a', 'b'))\n"
     )
     for seed in range(4):
         planted_text, planted = canaries.plant(text, random.Random(seed))
-        assert len(planted) == 2
+        assert len(planted) == 3
         path = tmp_path / f"test_tabs{seed}.py"
         path.write_text(planted_text)
         outcomes = _outcomes(path)[path.stem]
-        assert outcomes["Paths::test_walk"] is True and outcomes["Paths::test_inline"] is True
-        assert [ok for test, ok in outcomes.items() if test not in {"Paths::test_walk", "Paths::test_inline"}] == [False, False]
+        originals = {"Paths::test_walk", "Paths::test_inline", "Paths::test_decorated_first"}
+        assert all(outcomes[test] for test in originals)
+        assert [ok for test, ok in outcomes.items() if test not in originals] == [False, False, False]
+
+
+def test_an_inverted_comparison_keeps_the_brackets_around_its_operands(tmp_path: Path) -> None:
+    """`(a - b) == c`: the left operand's node ends before its closing bracket."""
+    text = (
+        "def test_difference():\n    assert (len('abc') - 1) == (len('ab'))\n\n\n"
+        "def test_member():\n    assert (\n        'a'  # == in is\n    ) in ['a']\n\n\n"
+        "def test_identity():\n    assert (None) is (None)\n"
+    )
+    planted_text, planted = canaries.plant(text, random.Random(0))
+    assert len(planted) == 3
+    path = tmp_path / "test_brackets.py"
+    path.write_text(planted_text)
+    outcomes = _outcomes(path)["test_brackets"]
+    originals = {"test_brackets::test_difference", "test_brackets::test_member", "test_brackets::test_identity"}
+    assert all(outcomes[test] for test in originals)
+    assert [ok for test, ok in outcomes.items() if test not in originals] == [False, False, False]
 
 
 def test_only_tests_the_caller_allows_are_copied() -> None:
