@@ -10,6 +10,9 @@ Docker sandbox, and up to `--max-tries` candidates are tried in seeded order unt
 the validity gate (reference 1.0 through the real grader; untouched, emptied and "delete the body"
 0). A project whose tests do not run in the sandbox is refused, and its row says why.
 
+After each generator's table, one row of difficulty over the tasks the cache holds (medians of
+`metadata["difficulty"]`, the call-depth spread, and bug injection's mutations by kind).
+
 Resumable: the generator's own cache (`--cache-dir`, default out/task-generation-cache) holds every
 tried candidate; a rerun continues, and the tables cover every run so far. `--report-only` prints the
 tables of what the cache holds without generating (a long run stopped, or still going elsewhere).
@@ -22,13 +25,16 @@ missing task fails the run.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from env_server.models import TaskSpec
 from env_server.tasks.bug_injection import BugInjection
 from env_server.tasks.feature_deletion import FeatureDeletion
 from env_server.tasks.projects import DEFAULT_PROJECTS
@@ -40,6 +46,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.sdists import RANGES, local_sdist  # noqa: E402
 
 GENERATORS = {"feature-deletion": FeatureDeletion, "bug-injection": BugInjection}
+DIFFICULTY_HEADER = (
+    "| suite | tasks | projects | lines changed | tests failing | hidden files | call depth (count) | mutations |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def difficulty_row(specs: list[TaskSpec]) -> str:
+    """One Markdown row: medians of the tasks' difficulty, their call depths counted (None: no call
+    path found), and their mutations by kind (bug injection)."""
+    difficulties = [spec.metadata["difficulty"] for spec in specs if spec.metadata.get("difficulty")]
+    if not difficulties:
+        return "| - | 0 | 0 | - | - | - | - | - |"
+    suite = specs[0].id.split("/", 1)[0]
+    projects = len({spec.id.split("/")[1] for spec in specs})
+    medians = [f"{statistics.median(d[key] for d in difficulties):g}" for key in ("lines_changed", "tests_failing", "hidden_files")]
+    depths = collections.Counter(d["call_depth"] for d in difficulties)
+    depth_text = ", ".join(f"{'none found' if depth is None else depth}: {count}" for depth, count in sorted(depths.items(), key=lambda item: (item[0] is None, item[0] or 0)))
+    mutations = collections.Counter(spec.metadata["mutation"] for spec in specs if spec.metadata.get("mutation"))
+    mutation_text = ", ".join(f"{kind}: {count}" for kind, count in mutations.most_common()) or "-"
+    return f"| {suite} | {len(specs)} | {projects} | {' | '.join(medians)} | {depth_text} | {mutation_text} |"
 
 
 def main() -> None:
@@ -76,6 +102,7 @@ def main() -> None:
                     jobs=args.jobs, max_tries=args.max_tries, log=lambda line: print(line, flush=True),
                 )
             print(f"\n{name}:\n\n{summary_table(reports)}\n", flush=True)
+            print(f"{DIFFICULTY_HEADER}\n{difficulty_row(GENERATORS[name]().cached_tasks(cache))}\n", flush=True)
             if args.tiny and any(report.valid < args.n for report in reports):
                 raise SystemExit(f"a tiny project gave no {name} task: {[report.model_dump() for report in reports]}")
             if args.tiny and cached_reports(GENERATORS[name](), cache, args.seed) != reports:
