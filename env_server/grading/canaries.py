@@ -303,9 +303,10 @@ def _changed_literal(assertion: ast.stmt, chooser: random.Random) -> _Edit | Non
 
 
 _OP_TEXT: dict[type[ast.cmpop], str] = {ast.Eq: "==", ast.NotEq: "!=", ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+# Each operator as it may be spelled in the source: its words whole, any spacing between them.
 _OP_PATTERN: dict[type[ast.cmpop], re.Pattern[str]] = {
-    ast.Eq: re.compile("=="), ast.NotEq: re.compile("!="), ast.In: re.compile(r"\bin\b"), ast.NotIn: re.compile(r"\bnot\s+in\b"),
-    ast.Is: re.compile(r"\bis\b"), ast.IsNot: re.compile(r"\bis\s+not\b"),
+    op: re.compile(r"\s+".join(rf"\b{word}\b" if word.isalpha() else re.escape(word) for word in text.split()))
+    for op, text in _OP_TEXT.items()
 }
 
 
