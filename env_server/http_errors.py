@@ -20,7 +20,8 @@ from env_server.service_errors import ServiceError
 ERROR_MEANINGS: dict[int, str] = {
     400: "`invalid_json`: the body is not JSON.",
     401: "`unauthorized`: a token is configured and the request lacks it.",
-    404: "`session_not_found` / `task_not_found` / `not_found`.",
+    403: "`forbidden`: a privileged route without the service's privileged token (or the service has none).",
+    404: "`session_not_found` / `task_not_found` / `no_reference` / `not_found`.",
     409: "`episode_not_started` (no episode yet where none is started for you) or `episode_done` (reset to play again).",
     413: "`body_too_large`: the body exceeds `max_body_bytes`.",
     422: "`invalid_request`: the body does not match the schema (an inline task spec included).",

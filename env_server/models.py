@@ -485,11 +485,15 @@ class ApiErrorCode(str, enum.Enum):
     INVALID_JSON = "invalid_json"
     INVALID_REQUEST = "invalid_request"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    """A privileged route (`GET /references/...`) without the privileged token, or on a service that has none."""
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BODY_TOO_LARGE = "body_too_large"
     SESSION_NOT_FOUND = "session_not_found"
     TASK_NOT_FOUND = "task_not_found"
+    NO_REFERENCE = "no_reference"
+    """The task carries no reference solution (`GET /references/...`)."""
     EPISODE_NOT_STARTED = "episode_not_started"
     EPISODE_DONE = "episode_done"
     CAPACITY_REACHED = "capacity_reached"
@@ -543,6 +547,17 @@ class TaskPage(BaseModel):
     total: int
     offset: int
     limit: int
+
+
+class TaskReference(BaseModel):
+    """Answer of `GET /references/{task_id}`: what solves a task, for a trainer's privileged teacher
+    (decision 129). Never an agent's: the route needs the service's privileged token."""
+
+    task_id: str
+    diff: str
+    """A unified diff from the task's workspace to a solved one (`a/PATH` -> `b/PATH`; a new file in full)."""
+    command: str | None = None
+    """A shell command that solves the task in its workspace, where the reference is one (shell tasks)."""
 
 
 class TrajectoryStep(BaseModel):

@@ -72,6 +72,11 @@ class ServiceSettings(BaseSettings):
     api_token: SecretStr | None = None
     """When set, every route but `/health` requires `Authorization: Bearer <token>`."""
 
+    privileged_token: SecretStr | None = None
+    """When set, `GET /references/{task_id}` (a task's reference solution, for a trainer's privileged
+    SDPO teacher) answers a request with `X-Privileged-Token: <token>`; unset, that route answers 403.
+    Keep it from whoever drives agents you evaluate: with it, a client can read every answer."""
+
     max_sessions: int = Field(default=64, ge=1)
     """Sessions (each owning at most one sandbox) alive at once; a new one beyond waits in the
     admission queue (`admission_timeout_s`), then gets 503 `capacity_reached`."""

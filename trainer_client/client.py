@@ -39,6 +39,7 @@ from env_server.models import (
     SessionsForked,
     StepObservation,
     TaskPage,
+    TaskReference,
 )
 from trainer_client.replica_choice import replica_choice
 
@@ -102,6 +103,10 @@ class ClientSettings(BaseModel):
 
     show_hints: bool = False
     """Ask the service to append hints to the tool output the policy sees."""
+
+    privileged_token: str | None = None
+    """The service's `privileged_token`, for `task_reference` (a reference solution, read only by the SDPO
+    teacher's `reference` hint source; decision 129). None: that source is unavailable."""
 
     tools: list[str] | None = None
     """The tools of every episode, by name (`submit` is added: it ends an episode); None: every tool
@@ -386,6 +391,15 @@ class CodingEnvClient(_SessionCore):
                     return ids
 
         return self._from_any_replica(pages)
+
+    def task_reference(self, task_id: str) -> TaskReference:
+        """The task's reference solution as a diff (`GET /references/{task_id}`, privileged; decision 129):
+        for the teacher only, never for the policy's context. Raises `ClientError` `forbidden` without
+        `privileged_token`, `no_reference` for a task that has none."""
+        headers = {"X-Privileged-Token": self.settings.privileged_token} if self.settings.privileged_token else {}
+        return self._from_any_replica(
+            lambda url: TaskReference.model_validate(_http_payload(self._http.get(f"{url}/references/{task_id}", headers=headers)))
+        )
 
     def _from_any_replica(self, ask: Callable[[str], _Answer]) -> _Answer:
         """`ask(base_url)` of the first replica that can be reached, for a request that needs no session."""

@@ -33,8 +33,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from env_server.models import ErrorKind
+from env_server.models import ApiErrorCode, ErrorKind, TaskReference
 from trainer_client.client import (
+    ClientError,
     ClientSettings,
     CodingEnvClient,
     SessionLostError,
@@ -77,6 +78,9 @@ class TrlEnvironment:
         """The episode's grade, once there is one."""
         self.lost = False
         """The session was lost mid-episode (its replica died): the episode is over and scores 0."""
+        self.reference: TaskReference | None = None
+        """The task's reference solution, read at reset when the client holds the service's privileged token
+        (for the SDPO teacher's `reference` source only; decision 129). Never returned to the policy."""
 
     def reset(self, **row: Any) -> str:
         """Start an episode on the row's `task_id` (or a `seed`-picked task); returns the task prompt.
@@ -91,6 +95,7 @@ class TrlEnvironment:
                 log.warning("session lost during reset (%s); opening a new one", error)
         self.tool_calls = []
         self.task_id = info.task_id
+        self.reference = self._reference(info.task_id)
         self.episode_over = False
         self.reward = None
         self.lost = False
@@ -107,6 +112,16 @@ class TrlEnvironment:
                 log.warning("episode on task %s lost while grading it (%s): scored 0, training goes on", self.task_id, error)
                 self.lost = True
         return float(self.reward or 0.0)
+
+    def _reference(self, task_id: str) -> TaskReference | None:
+        if self._client.settings.privileged_token is None:
+            return None
+        try:
+            return self._client.task_reference(task_id)
+        except ClientError as error:
+            if error.code != ApiErrorCode.NO_REFERENCE.value:
+                raise
+            return None
 
     def _run_turn(self, calls: Sequence[ToolCall]) -> list[str]:
         """One assistant turn's calls, as one step of the service; each call's output, in order."""

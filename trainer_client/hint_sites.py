@@ -15,12 +15,13 @@ docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from env_server.models import ErrorKind
 from trainer_client.packing import Continuation, PackedRow
+from trainer_client.teacher_contexts import RAW_ERROR_CHARS, HintPlacement, HintSource, clamp
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,9 @@ class HintTemplate:
             raise ValueError("the chat template does not render a conversation as a prefix of its extension")
         return full[len(prefix) :]
 
-    def message_ids(self, hints: Sequence[str]) -> tuple[int, ...]:
-        """Token ids of one message carrying `hints` (one per line)."""
-        content = "\n".join(self._prefix + hint for hint in hints)
+    def message_ids(self, hints: Sequence[str], privileged: str | None = None) -> tuple[int, ...]:
+        """Token ids of one message carrying `hints` (one per line), then the `privileged` context, if any."""
+        content = "\n\n".join(part for part in ("\n".join(self._prefix + hint for hint in hints), privileged) if part)
         full = self._render([*self._anchor, {"role": self._role, "content": content}], add_generation_prompt=False)
         return tuple(self._suffix(self._anchor_ids, full))
 
@@ -172,8 +173,7 @@ MAX_ERROR_CHARS = 240
 
 
 def _clamp(text: str, max_chars: int = MAX_ERROR_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+    return clamp(" ".join(text.split()), max_chars)
 
 
 def _trainer_hint(kind: ErrorKind, tool_names: Iterable[str], error: str | None = None) -> str:
@@ -291,31 +291,50 @@ def turn_reports(
 
 
 def locate_hint_sites(
-    reports: Sequence[TurnReport], model_token_mask: Sequence[int], template: HintTemplate
+    reports: Sequence[TurnReport],
+    model_token_mask: Sequence[int],
+    template: HintTemplate,
+    *,
+    sources: Collection[HintSource] = ("template",),
+    answers: Sequence[str] = (),
+    privileged: str | None = None,
 ) -> list[HintSite]:
-    """Hint sites of one rollout: its failed turns, located in the completion's tokens.
+    """Hint sites of one rollout, located in the completion's tokens: its failed turns, with what the
+    feedback sources say of each, and, where the rollout has a `privileged` context, every turn
+    (`teacher_contexts`, decision 129).
 
     Args:
         reports: The rollout's `turn_reports` (none: the rollout gets no sites).
         model_token_mask: Per completion token, 1 where the policy produced it (completion mask x tool mask).
         template: Renders the teacher's hint message.
+        sources: The feedback sources read at a failed turn (`template`, `raw_error`); others are ignored here.
+        answers: Per turn, the tool answers it got (`teacher_contexts.turn_answers`), for `raw_error`.
+        privileged: The sibling's or reference solution, for a rollout that did not earn reward 1: every turn that
+            acted (called a tool, or failed) becomes a site.
     """
     spans = assistant_turn_spans(model_token_mask)
     if len(spans) < len(reports):
         return []  # a malformed rollout: better no teacher signal than a misplaced one
     sites = []
     for turn, report in enumerate(reports):
-        if not report.failures:
+        hints: list[str] = []
+        if report.failures and "template" in sources:
+            hints += [f.hint for f in report.failures]
+        if report.failures and "raw_error" in sources and turn < len(answers) and answers[turn].strip():
+            hints.append("The tool answered: " + clamp(answers[turn].strip(), RAW_ERROR_CHARS))
+        # A privileged context teaches every turn that acted: one that called a tool or failed (a turn
+        # of prose after the episode ended changes nothing).
+        taught = privileged if report.calls or report.failures else None
+        if not hints and taught is None:
             continue
         start, end = spans[turn]
-        hints = tuple(f.hint for f in report.failures)
         sites.append(
             HintSite(
                 turn=turn,
                 start=start,
                 end=end,
-                hints=hints,
-                hint_ids=template.message_ids(hints),
+                hints=tuple(hints),
+                hint_ids=template.message_ids(hints, taught),
                 error_kinds=tuple(f.kind.value for f in report.failures),
             )
         )
@@ -323,17 +342,24 @@ def locate_hint_sites(
 
 
 def teacher_row(
-    prompt_ids: Sequence[int], completion_ids: Sequence[int], sites: Sequence[HintSite], header_ids: Sequence[int]
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    sites: Sequence[HintSite],
+    header_ids: Sequence[int],
+    placement: HintPlacement = "before_turn",
 ) -> PackedRow:
-    """The teacher's input for a rollout's sites: per site k, the context up to turn k's assistant
-    header, then the hint message, the header and turn k (a continuation of the rollout's tokens cut
-    before that header). Each continuation ends with turn k's tokens, identical to the student's."""
+    """The teacher's input for a rollout's sites: per site k, a continuation of the rollout's tokens cut
+    before an assistant header, then the hint message, that header and what followed it up to the end
+    of turn k. `before_turn`: cut before turn k's header (the message, then turn k); `after_prompt`: cut
+    before the first turn's header, at the end of the task prompt (the message, then turns 0..k and
+    their tool answers). Each continuation ends with turn k's tokens, identical to the student's."""
     context = [*prompt_ids, *completion_ids]
     header = list(header_ids)
     continuations = []
     for site in sites:
-        cut = len(prompt_ids) + site.start - len(header)
+        start = site.start if placement == "before_turn" else 0
+        cut = len(prompt_ids) + start - len(header)
         if context[cut : cut + len(header)] != header:
             raise ValueError(f"turn {site.turn} is not preceded by the assistant header the chat template renders")
-        continuations.append(Continuation(cut, [*site.hint_ids, *header, *completion_ids[site.start : site.end]]))
+        continuations.append(Continuation(cut, [*site.hint_ids, *header, *completion_ids[start : site.end]]))
     return PackedRow(context, continuations)

@@ -23,6 +23,7 @@ from trainer_client.output_head import output_logits
 from trainer_client.packing import Continuation, PackedRow, pack, pack_after_cache
 from trainer_client.policy_forward import KeysValues, PolicyContexts, PolicyHost
 from trainer_client.teacher import SdpoTeacher
+from trainer_client.teacher_contexts import HintPlacement
 
 SdpoNormalizer = Literal["policy_tokens", "hint_tokens"]
 
@@ -36,6 +37,8 @@ class SdpoSettings:
     jsd_top_k: int | None = None
     normalizer: SdpoNormalizer = "policy_tokens"
     reuse_policy_cache: bool = True
+    placement: HintPlacement = "before_turn"
+    """Where the teacher reads a site's message (`teacher_contexts`)."""
     steps_per_generation: int = 1
     """Optimizer steps a generation batch feeds (GRPOConfig's)."""
     num_processes: int = 1
@@ -79,7 +82,7 @@ class SdpoChannel:
                 rows.extend([row] * len(span))
                 positions.extend(span)
                 turn_lengths.append(site.end - site.start)
-            teacher_rows.append(teacher_row(prompt, completion, sites, self._header_ids))
+            teacher_rows.append(teacher_row(prompt, completion, sites, self._header_ids, self._settings.placement))
         site_tokens = len(positions)
         if not site_tokens:
             # No site here but some on another rank: the same forwards on row 0's first completion token,

@@ -57,6 +57,15 @@ from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 from trainer_client.sdpo import SdpoChannel, SdpoSettings
 from trainer_client.teacher import SdpoTeacher
+from trainer_client.teacher_contexts import (
+    HINT_PLACEMENTS,
+    hint_sources,
+    privileged_context,
+    reference_text,
+    sibling_solutions,
+    solution_calls,
+    turn_answers,
+)
 
 
 @dataclass
@@ -104,6 +113,23 @@ class ComposerConfig(ConcurrentRolloutConfig):
             "help": "The live teacher reads the rollouts' contexts from the keys and values of GRPO's own forward and "
             "runs only the hints and hinted turns (decision 076), with or without activation checkpointing. Applies "
             "where packed rows apply; otherwise, or off, the teacher runs the contexts again."
+        },
+    )
+    hint_sources: list[str] = field(
+        default_factory=lambda: ["template"],
+        metadata={
+            "help": "What the SDPO teacher reads at a site, combined in one message (decision 129): 'template' (the "
+            "hint written for a failed turn), 'raw_error' (the tool answer the failed turn got), 'sibling' (the calls "
+            "of a rollout of the same group that earned reward 1) and 'reference' (the task's reference solution, "
+            "with the service's privileged token in the environment's client settings). Feedback sources make the "
+            "failed turns sites; privileged ones (sibling, reference) every turn of a rollout that did not earn 1."
+        },
+    )
+    hint_placement: str = field(
+        default="before_turn",
+        metadata={
+            "help": "Where the teacher reads the message: 'before_turn' (just before the site's turn) or "
+            "'after_prompt' (after the task prompt, before the first turn, then the rollout up to the site)."
         },
     )
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
@@ -169,6 +195,9 @@ class ComposerConfig(ConcurrentRolloutConfig):
         super().__post_init__()
         if self.sdpo_normalizer not in ("policy_tokens", "hint_tokens"):
             raise ValueError(f"sdpo_normalizer must be 'policy_tokens' or 'hint_tokens', got {self.sdpo_normalizer!r}")
+        self.hint_sources = list(hint_sources(self.hint_sources))
+        if self.hint_placement not in HINT_PLACEMENTS:
+            raise ValueError(f"hint_placement must be one of {HINT_PLACEMENTS}, got {self.hint_placement!r}")
         if self.sdpo_teacher not in ("live", "ema", "base"):
             raise ValueError(f"sdpo_teacher must be 'live', 'ema' or 'base', got {self.sdpo_teacher!r}")
         if self.dpo_loss_type not in ("sigmoid", "ipo"):
@@ -264,6 +293,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             jsd_top_k=config.jsd_top_k,
             normalizer=config.sdpo_normalizer,
             reuse_policy_cache=config.sdpo_reuse_policy_cache,
+            placement=config.hint_placement,
             steps_per_generation=config.steps_per_generation,
             num_processes=self.accelerator.num_processes,
         )
@@ -397,9 +427,12 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         return output
 
     def _rollout_hint_sites(self, output: dict[str, Any]) -> list[list[HintSite]]:
-        """Per rollout, the turns the policy got wrong (decision 063); logs what the rollouts did."""
+        """Per rollout, its hint sites: the turns the policy got wrong (decision 063) and, with a privileged
+        source, every turn of a rollout that did not earn 1 (decision 129); logs what the rollouts did."""
         model_token_mask = output["completion_mask"] * output.get("tool_mask", 1)
         end_of_turn = set(self.eos_token_ids)
+        sources = self.args.hint_sources
+        privileged = self._privileged_contexts()
         reports, hint_sites = [], []
         for index, environment in enumerate(self.environments):
             mask = model_token_mask[index].tolist()
@@ -414,7 +447,16 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 tool_call_marker=self.args.tool_call_marker,
             )
             reports.append(rollout)
-            hint_sites.append(locate_hint_sites(rollout or [], mask, self._hint_template))
+            hint_sites.append(
+                locate_hint_sites(
+                    rollout or [],
+                    mask,
+                    self._hint_template,
+                    sources=sources,
+                    answers=turn_answers(self._rollout_messages[index]) if "raw_error" in sources else (),
+                    privileged=privileged[index],
+                )
+            )
         mode = "train" if self.in_training else "eval"
         if self._completion_samples is not None and mode == "train":
             self._completion_samples.write(self.state.global_step, self._rollout_samples(reports))
@@ -434,6 +476,28 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         for name, value in metrics.items():
             self.record_metric(name, value)
         return hint_sites
+
+    def _privileged_contexts(self) -> list[str | None]:
+        """Per rollout of this process, what the privileged sources tell its teacher: for a rollout that did not
+        earn reward 1 (and was not lost), a successful sibling's calls and the task's reference, as chosen."""
+        sources = self.args.hint_sources
+        rewards = [float(getattr(environment, "reward", None) or 0.0) for environment in self.environments]
+        siblings: list[str | None] = [None] * len(rewards)
+        if "sibling" in sources:
+            # A GRPO group may span ranks: pair every rank's rollouts, then keep this rank's share.
+            every_reward = gather_object(rewards)
+            every_solution = gather_object([solution_calls(messages) for messages in self._rollout_messages])
+            group_size = self.num_generations if self.in_training else self.num_generations_eval
+            offset = self.accelerator.process_index * len(rewards)
+            siblings = sibling_solutions(every_reward, every_solution, group_size)[offset : offset + len(rewards)]
+        contexts: list[str | None] = []
+        for environment, reward, sibling in zip(self.environments, rewards, siblings):
+            failed = reward < 1.0 and not getattr(environment, "lost", False)
+            reference = getattr(environment, "reference", None) if "reference" in sources else None
+            contexts.append(
+                privileged_context(sibling, reference_text(reference) if reference is not None else None) if failed else None
+            )
+        return contexts
 
     def _rollout_samples(self, reports: list[list[TurnReport] | None]) -> list[RolloutSample]:
         """This process's rollouts of the batch as conversations, with the failures charged to their turns."""

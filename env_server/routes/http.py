@@ -1,5 +1,5 @@
 """OpenEnv's stateless HTTP routes (`/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state`)
-and the operations routes (`/metrics`, `/tasks`).
+and the operations routes (`/metrics`, `/tasks`, and the privileged `/references`).
 
 Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
 `response_model` documents the shape, without FastAPI validating the dict a second time.
@@ -8,9 +8,10 @@ Observation routes return a JSONResponse built from `serialize_observation`'s di
 from __future__ import annotations
 
 import asyncio
+import hmac
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.types import (
     EnvironmentMetadata,
@@ -24,11 +25,12 @@ from openenv.core.env_server.types import (
 from pydantic import Field
 
 from env_server.http_errors import BODY_ERRORS, errors
-from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage
+from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage, TaskReference
 from env_server.openenv_models import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.package_docs import with_absolute_links
 from env_server.service import request_gone, service_of
 from env_server.service_errors import ServiceError
+from env_server.tasks.references import task_reference
 from env_server.tasks.splits import Split
 
 router = APIRouter()
@@ -110,3 +112,25 @@ async def list_tasks(
     except KeyError as exc:
         raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
     return TaskPage(task_ids=ids[offset : offset + limit], total=len(ids), offset=offset, limit=limit)
+
+
+@router.get("/references/{task_id:path}", response_model=TaskReference, responses=errors(403, 404), tags=["Operations"])
+async def reference(
+    request: Request, task_id: str, x_privileged_token: str | None = Header(default=None)
+) -> TaskReference:
+    """A task's reference solution as a diff, for a trainer's privileged teacher (decision 129). Needs the
+    service's `privileged_token` in `X-Privileged-Token` (besides the bearer token where one is set): an
+    agent's sandbox has no network, and a client that drives agents under evaluation must not hold it."""
+    configured = service_of(request).settings.privileged_token
+    if configured is None:
+        raise ServiceError(ApiErrorCode.FORBIDDEN, "this service serves no references: it was started without a privileged_token")
+    if x_privileged_token is None or not hmac.compare_digest(x_privileged_token.encode(), configured.get_secret_value().encode()):
+        raise ServiceError(ApiErrorCode.FORBIDDEN, "missing or wrong X-Privileged-Token")
+    try:
+        task = await asyncio.get_running_loop().run_in_executor(None, service_of(request).tasks.get, task_id)
+    except KeyError as exc:
+        raise ServiceError(ApiErrorCode.TASK_NOT_FOUND, str(exc.args[0])) from exc
+    found = task_reference(task)
+    if found is None:
+        raise ServiceError(ApiErrorCode.NO_REFERENCE, f"task {task_id!r} carries no reference solution")
+    return found

@@ -210,9 +210,11 @@ def preference_pairs() -> list[PreferencePair]:
 
 
 SERVICE_TOKEN = "trainer-test-token"
+PRIVILEGED_TOKEN = "trainer-test-privileged-token"
 
 
 @pytest.fixture(scope="session")
 def service_url(services: SharedServices) -> str:
-    """The session's service with a bearer token and room for six sessions (the capacity test fills it)."""
-    return services.get(api_token=SERVICE_TOKEN, max_sessions=6).url
+    """The session's service with a bearer token, a privileged token (task references) and room for six
+    sessions (the capacity test fills it)."""
+    return services.get(api_token=SERVICE_TOKEN, privileged_token=PRIVILEGED_TOKEN, max_sessions=6).url

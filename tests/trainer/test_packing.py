@@ -150,3 +150,40 @@ def test_adding_contexts_grows_a_prefix_tree() -> None:
     assert shares_enough(row, [1, 2, 7, 7]) and not shares_enough(row, [1, 7, 7, 7])
     with pytest.raises(ValueError):
         add_context(row, [2, 3], [[1]])
+
+
+def test_a_message_after_the_prompt_is_read_before_every_turn_up_to_the_site(tmp_path, tokenizer, base_model) -> None:
+    """`after_prompt` placement: the teacher reads the message right after the task prompt, then the rollout
+    up to the site; packed, it scores the site's turn as that whole sequence run alone does."""
+    trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))
+    inputs = build_batch(trainer, tokenizer, hinted=[True])
+    prompt = inputs["prompt_ids"][0][inputs["prompt_mask"][0].bool()].tolist()
+    completion = inputs["completion_ids"][0].tolist()
+    mask = (inputs["completion_mask"][0] * inputs["tool_mask"][0]).tolist()
+    reports = [TurnReport(1, ()), TurnReport(0, (TurnFailure(ErrorKind.NO_TOOL_CALL, "Call a tool."),))]
+    sites = locate_hint_sites(reports, mask, trainer._hint_template, privileged="A reference solution: print(42)")
+    assert [site.turn for site in sites] == [0, 1]  # privileged: the turn that acted without failing too
+    header = trainer._hint_template.header_ids
+    row = teacher_row(prompt, completion, sites, header, "after_prompt")
+    last = sites[1]
+    (cut, tokens) = row.continuations[1].cut, list(row.continuations[1].token_ids)
+    assert cut == len(prompt) - len(header)
+    assert tokens == [*last.hint_ids, *header, *completion[: last.end]]
+    sequence = [*prompt[:cut], *tokens]
+    turn = last.end - last.start
+    with torch.no_grad():
+        packed = trainer.sdpo.teacher_logits([row], [site.end - site.start for site in sites])
+        alone_logits = trainer.model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]
+    torch.testing.assert_close(packed[-turn:], alone_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_raw_error_source_quotes_the_tool_answer_at_a_failed_turn(tmp_path, tokenizer, base_model) -> None:
+    trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))
+    inputs = build_batch(trainer, tokenizer, hinted=[True])
+    mask = (inputs["completion_mask"][0] * inputs["tool_mask"][0]).tolist()
+    reports = [TurnReport(1, (TurnFailure(ErrorKind.COMMAND_NOT_FOUND, "Did you mean pytest?"),)), TurnReport(0, ())]
+    answers = ["bash: pytset: command not found", ""]
+    (site,) = locate_hint_sites(reports, mask, trainer._hint_template, sources=("raw_error",), answers=answers)
+    assert site.hints == ("The tool answered: bash: pytset: command not found",)  # not the template's hint
+    (both,) = locate_hint_sites(reports, mask, trainer._hint_template, sources=("template", "raw_error"), answers=answers)
+    assert both.hints == ("Did you mean pytest?", "The tool answered: bash: pytset: command not found")
