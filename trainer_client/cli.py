@@ -1,10 +1,12 @@
 """`coding-train`: train a policy against the service (`train`), the warm start (`demos`, `sft`),
-`eval`, `plot` (a run's per-step logs), plus the trace tools (`ingest`, `replay`)."""
+`eval`, `hint-uptake` (what each SDPO hint source tells the teacher), `plot` (a run's per-step logs),
+plus the trace tools (`ingest`, `replay`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import random
 import sys
 import time
@@ -278,6 +280,53 @@ def evaluate_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_hint_uptake(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from trainer_client.environment import environment_factory
+    from trainer_client.evaluation import EvalSettings, Evaluator
+    from trainer_client.hint_uptake import SampledEpisode, measure, read_episodes, uptake_table, write_episodes, write_report
+    from trainer_client.policy import load_policy
+    from trainer_client.teacher_contexts import hint_sources
+
+    sources = hint_sources(args.sources)
+    model, tokenizer = load_policy(PolicySpec(name=args.model))
+    model.eval()
+    episodes_path = args.out / "episodes.jsonl"
+    started = time.perf_counter()
+    if args.episodes is not None:
+        episodes = read_episodes(args.episodes)
+    else:
+        if "reference" in sources and not args.privileged_token:
+            raise SystemExit("coding-train hint-uptake: the reference source needs --privileged-token (the service's privileged_token)")
+        client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=args.privileged_token)
+        task_ids = select_task_ids(args, client)
+        settings = EvalSettings(
+            n=args.n, temperature=args.temperature, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+            max_completion_length=args.max_completion_length, concurrency=args.concurrency, seed=args.seed,
+        )
+        with tqdm(total=len(task_ids) * args.n, desc="episodes", unit="ep") as bar:
+            played = Evaluator(model, tokenizer, environment_factory(client, grade_unsubmitted=False), settings, bar.update).run(task_ids)
+        episodes = [SampledEpisode.of(episode) for episode in played if episode.reward is not None]
+        write_episodes(episodes, episodes_path)
+    sampled = time.perf_counter()
+    scores = measure(model, tokenizer, episodes, sources, args.placements)
+    meta = {
+        "model": args.model,
+        "episodes": len(episodes),
+        "passed": sum(episode.passed for episode in episodes),
+        "tasks": len({episode.task_id for episode in episodes}),
+        "sources": list(sources),
+        "placements": args.placements,
+        "sampling_seconds": sampled - started,
+        "scoring_seconds": time.perf_counter() - sampled,
+        "episodes_file": str(args.episodes or episodes_path),
+    }
+    print(write_report(uptake_table(scores, seed=args.seed), args.out, meta), end="")
+    print(f"{meta['passed']}/{meta['episodes']} episodes passed; -> {args.out / 'uptake.json'}")
+    return 0
+
+
 def plot_metrics(args: argparse.Namespace) -> int:
     from trainer_client.metrics_plot import plot_run, read_run_log
 
@@ -352,6 +401,34 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
     evaluate.add_argument("--out", required=True, type=Path, help="directory for eval.json and eval.png")
     evaluate.set_defaults(func=evaluate_policy)
+    uptake = commands.add_parser(
+        "hint-uptake", help="how far each SDPO hint source moves the teacher from the student, on failing and passing turns"
+    )
+    uptake.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny-random, or a checkpoint directory")
+    uptake.add_argument("--env-url", help="service URL (not needed with --episodes)")
+    uptake.add_argument("--api-token", help="bearer token of the service")
+    uptake.add_argument(
+        "--privileged-token", default=os.environ.get("CODING_ENV_PRIVILEGED_TOKEN"),
+        help="the service's privileged_token, for the reference source (default: $CODING_ENV_PRIVILEGED_TOKEN)",
+    )
+    _add_task_selection(uptake, default_split="held_out")
+    uptake.add_argument("--n", type=int, default=4, help="episodes per task (a task's episodes are one group, for the sibling source)")
+    uptake.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
+    uptake.add_argument("--max-turns", type=int, default=6, help="assistant turns per episode")
+    uptake.add_argument("--max-new-tokens", type=int, default=256, help="tokens per assistant turn")
+    uptake.add_argument("--max-completion-length", type=int, default=1536, help="token budget of a whole episode")
+    uptake.add_argument("--concurrency", type=int, default=8, help="episodes (service sessions) at once")
+    uptake.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
+    uptake.add_argument(
+        "--sources", nargs="+", default=["template", "raw_error", "sibling", "reference"], help="hint sources to measure"
+    )
+    uptake.add_argument(
+        "--placements", nargs="+", choices=["before_turn", "after_prompt"], default=["before_turn", "after_prompt"],
+        help="where the teacher reads the message",
+    )
+    uptake.add_argument("--episodes", type=Path, help="score these sampled episodes (an earlier run's episodes.jsonl) instead of sampling")
+    uptake.add_argument("--out", required=True, type=Path, help="directory for episodes.jsonl, uptake.json and uptake.md")
+    uptake.set_defaults(func=measure_hint_uptake)
     plot = commands.add_parser("plot", help="draw a training run's per-step logs (reward, pass rate, error kinds, each loss) to a PNG")
     plot.add_argument("run_dir", type=Path, help="the run's output_dir (trainer_state.json, TensorBoard event files or checkpoints)")
     plot.add_argument("--out", type=Path, help="PNG to write (unset: RUN_DIR/metrics.png)")

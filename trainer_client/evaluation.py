@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer_client.hint_sites import turn_reports
+from env_server.models import TaskReference
+from trainer_client.hint_sites import TurnReport, turn_reports
 from trainer_client.task_rows import prompt_after_reset, task_row
 from trainer_client.transcript_markdown import transcript_markdown
 
@@ -78,6 +79,11 @@ class Episode:
     sample: int
     environment: Any = None
     context: list[int] = field(default_factory=list)
+    """Token ids of the whole episode: the prompt, then the completion (turns and tool answers)."""
+    prompt_length: int = 0
+    """Tokens of `context` that are the prompt."""
+    policy_mask: list[int] = field(default_factory=list)
+    """Per completion token, 1 where the policy sampled it, 0 for a tool answer (TRL's `tool_mask`)."""
     prompt: list[dict[str, Any]] = field(default_factory=list)
     """The messages the episode started from (the task after reset)."""
     completion: list[dict[str, Any]] = field(default_factory=list)
@@ -88,6 +94,10 @@ class Episode:
     """Turns with at least one tool call and none malformed (the trainer's `policy/valid_call_rate`)."""
     error_kinds: list[str] = field(default_factory=list)
     """Failures the policy caused, per turn (the trainer's `policy/failures/<kind>`)."""
+    reports: list[TurnReport] = field(default_factory=list)
+    """Per turn, its calls and the failures it is blamed for (`turn_reports`)."""
+    reference: TaskReference | None = None
+    """The task's reference, where the environment read one (its client holds the privileged token)."""
     submitted: bool = False
     last_turn_ended: bool = True
     open: bool = True
@@ -190,6 +200,7 @@ class Evaluator:
         episode.context = list(
             self._tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
         )
+        episode.prompt_length = len(episode.context)
 
     def _generate_turns(self, episodes: list[Episode]) -> None:
         """One assistant turn for every open episode, in one batch.
@@ -227,6 +238,7 @@ class Evaluator:
         calls = parsed.get("tool_calls") or []
         episode.completion.append(parsed)
         episode.context += turn
+        episode.policy_mask += [1] * len(turn)
         episode.completion_tokens += len(turn)
         episode.last_turn_ended = bool(turn) and turn[-1] == self._tokenizer.eos_token_id
         results = [tool_message(name, result) for name, result, _ in (dispatch(tools, call) for call in calls)]
@@ -235,6 +247,7 @@ class Evaluator:
         if results:
             suffix = tool_suffix_ids(self._tokenizer, results)
             episode.context += suffix
+            episode.policy_mask += [0] * len(suffix)
             episode.completion_tokens += len(suffix)
         turns = sum(message["role"] == "assistant" for message in episode.completion)
         episode.open = (
@@ -263,6 +276,8 @@ class Evaluator:
         )
         if reports is None:
             raise RuntimeError(f"{episode.task_id}: the environment's call records do not match the turns' calls")
+        episode.reports = reports
+        episode.reference = environment.reference
         episode.turns = len(reports)
         episode.valid_turns = sum(report.valid_call for report in reports)
         episode.error_kinds = [failure.kind.value for report in reports for failure in report.failures]

@@ -29,7 +29,6 @@ package imports mcp 2 APIs): the loader finds them in `sys.modules` and imports 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from typing import Any

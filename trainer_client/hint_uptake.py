@@ -1,0 +1,237 @@
+"""`coding-train hint-uptake`: how far each hint source moves the SDPO teacher from the student, and which way.
+
+A policy's episodes are sampled through the service as `coding-train eval` plays them (`evaluation.Evaluator`),
+`n` per task: a task's episodes are one group, as a GRPO group is. Then, for each hint source and placement
+(`teacher_contexts`), the sites the trainer would make (`hint_sites.locate_hint_sites`) are scored twice on
+the tokens the policy sampled there: by the student (the policy on the episode as it was) and by the teacher
+(the same weights reading the site's message, `hint_sites.teacher_row`). Per source and placement:
+
+- **JSD per token**: the generalized JSD the SDPO loss minimises (beta 0.5): how much signal there is;
+- **change in log-probability per token** of the sampled turn, teacher minus student: which way it points.
+
+Both split by the episode's outcome. A teacher that knows better lowers the log-probability of turns of
+episodes that failed, and leaves that of episodes that passed alone. To measure that second half, the
+privileged sources are also read at the passing episodes' turns here (the trainer does not make those
+sites): their sibling is another passing episode of the task, where there is one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from env_server.models import ErrorKind, TaskReference
+from trainer_client.evaluation import Episode, bootstrap_interval
+from trainer_client.hint_sites import HintSite, HintTemplate, TurnFailure, TurnReport, locate_hint_sites, teacher_row
+from trainer_client.losses import generalized_jsd
+from trainer_client.teacher_contexts import (
+    FEEDBACK_SOURCES,
+    HintPlacement,
+    HintSource,
+    privileged_context,
+    reference_text,
+    solution_calls,
+    turn_answers,
+)
+
+
+class SampledEpisode(BaseModel):
+    """What uptake needs of one sampled episode (a line of `episodes.jsonl`: scored again without sampling)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    sample: int
+    reward: float
+    context: list[int]
+    prompt_length: int
+    policy_mask: list[int]
+    completion: list[dict[str, Any]]
+    reports: list[tuple[int, list[tuple[str, str]]]]
+    """Per turn: its call count and failures as `(error kind, hint)`."""
+    reference: TaskReference | None = None
+
+    @classmethod
+    def of(cls, episode: Episode) -> SampledEpisode:
+        return cls(
+            task_id=episode.task_id,
+            sample=episode.sample,
+            reward=episode.reward or 0.0,
+            context=episode.context,
+            prompt_length=episode.prompt_length,
+            policy_mask=episode.policy_mask,
+            completion=episode.completion,
+            reports=[(r.calls, [(f.kind.value, f.hint) for f in r.failures]) for r in episode.reports],
+            reference=episode.reference,
+        )
+
+    @property
+    def passed(self) -> bool:
+        return self.reward >= 1.0
+
+    def turn_reports(self) -> list[TurnReport]:
+        return [TurnReport(calls, tuple(TurnFailure(ErrorKind(kind), hint) for kind, hint in failures)) for calls, failures in self.reports]
+
+
+@dataclass(frozen=True)
+class SiteScore:
+    """One site's teacher against student, summed over its tokens."""
+
+    source: str
+    placement: str
+    passed: bool
+    """The site's episode passed (reward 1)."""
+    task_id: str
+    tokens: int
+    jsd: float
+    logp_change: float
+    """Sum over the turn's tokens of the teacher's log-probability minus the student's."""
+
+
+def privileged_message(source: HintSource, episode: SampledEpisode, group: Sequence[SampledEpisode]) -> str | None:
+    """What a privileged source tells the teacher at `episode`'s turns (None: nothing to tell)."""
+    if source == "reference":
+        return privileged_context(None, reference_text(episode.reference)) if episode.reference is not None else None
+    sibling = next((other for other in group if other.passed and other.sample != episode.sample), None)
+    return privileged_context(solution_calls(sibling.completion), None) if sibling is not None else None
+
+
+def episode_sites(
+    episode: SampledEpisode, group: Sequence[SampledEpisode], source: HintSource, template: HintTemplate
+) -> list[HintSite]:
+    """The sites `source` makes in an episode (privileged ones whatever its outcome: see the module docstring)."""
+    completion_mask = episode.policy_mask
+    reports = episode.turn_reports()
+    if source in FEEDBACK_SOURCES:
+        return locate_hint_sites(reports, completion_mask, template, sources=(source,), answers=turn_answers(episode.completion))
+    message = privileged_message(source, episode, group)
+    return locate_hint_sites(reports, completion_mask, template, sources=(), privileged=message) if message else []
+
+
+@torch.no_grad()
+def score_episode(
+    model: torch.nn.Module,
+    episode: SampledEpisode,
+    group: Sequence[SampledEpisode],
+    sources: Sequence[HintSource],
+    placements: Sequence[HintPlacement],
+    template: HintTemplate,
+) -> list[SiteScore]:
+    """Every site of the episode, for each source and placement, scored by teacher and student."""
+    device = next(model.parameters()).device
+    context = episode.context
+    prompt, completion = context[: episode.prompt_length], context[episode.prompt_length :]
+    student_logits: torch.Tensor | None = None
+    scores = []
+    for source in sources:
+        sites = episode_sites(episode, group, source, template)
+        if not sites:
+            continue
+        if student_logits is None:
+            student_logits = model(input_ids=torch.tensor([context], device=device)).logits[0].float()
+        for placement in placements:
+            row = teacher_row(prompt, completion, sites, template.header_ids, placement)
+            for site, continuation in zip(sites, row.continuations):
+                sequence = [*context[: continuation.cut], *continuation.token_ids]
+                turn = site.end - site.start
+                teacher = model(input_ids=torch.tensor([sequence], device=device)).logits[0, len(sequence) - turn - 1 : -1].float()
+                first = episode.prompt_length + site.start  # the hidden state at t predicts token t + 1
+                student = student_logits[first - 1 : first - 1 + turn]
+                tokens = torch.tensor(completion[site.start : site.end], device=device)[:, None]
+                change = teacher.log_softmax(-1).gather(1, tokens) - student.log_softmax(-1).gather(1, tokens)
+                jsd = generalized_jsd(student, teacher, beta=0.5, reduction="sum")
+                scores.append(SiteScore(source, placement, episode.passed, episode.task_id, turn, float(jsd), float(change.sum())))
+    return scores
+
+
+def uptake_table(scores: Sequence[SiteScore], *, seed: int = 0) -> list[dict[str, Any]]:
+    """Per source and placement, and per outcome: sites, tokens, JSD and log-probability change per token, each
+    with a 95% bootstrap interval over tasks (the unit sampled)."""
+    rows = []
+    keys = dict.fromkeys((score.source, score.placement) for score in scores)
+    for source, placement in keys:
+        row: dict[str, Any] = {"source": source, "placement": placement}
+        for outcome, passed in (("failing", False), ("passing", True)):
+            chosen = [s for s in scores if (s.source, s.placement, s.passed) == (source, placement, passed)]
+            tasks = sorted({s.task_id for s in chosen})
+            tokens = [sum(s.tokens for s in chosen if s.task_id == task) for task in tasks]
+            row[outcome] = {"sites": len(chosen), "tokens": sum(tokens)}
+            for name in ("jsd", "logp_change"):
+                per_task = [sum(getattr(s, name) for s in chosen if s.task_id == task) / count for task, count in zip(tasks, tokens)]
+                total = sum(getattr(s, name) for s in chosen)
+                row[outcome][name] = {
+                    "per_token": total / sum(tokens) if tokens else None,
+                    "ci95": bootstrap_interval(per_task, tokens, seed=seed) if tokens else None,
+                }
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The uptake table as docs/benchmarks.md shows it."""
+
+    def cell(figures: dict[str, Any], name: str) -> str:
+        value = figures[name]["per_token"]
+        if value is None:
+            return "-"
+        low, high = figures[name]["ci95"]
+        return f"{value:+.4f} [{low:+.4f}, {high:+.4f}]" if name == "logp_change" else f"{value:.4f} [{low:.4f}, {high:.4f}]"
+
+    lines = [
+        "| source | placement | sites (tokens), failing / passing | JSD per token, failing | JSD per token, passing "
+        "| log-prob change per token, failing | log-prob change per token, passing |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        failing, passing = row["failing"], row["passing"]
+        lines.append(
+            f"| {row['source']} | {row['placement']} | {failing['sites']} ({failing['tokens']}) / {passing['sites']} ({passing['tokens']}) "
+            f"| {cell(failing, 'jsd')} | {cell(passing, 'jsd')} | {cell(failing, 'logp_change')} | {cell(passing, 'logp_change')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def read_episodes(path: Path) -> list[SampledEpisode]:
+    with open(path, encoding="utf-8") as handle:
+        return [SampledEpisode.model_validate_json(line) for line in handle if line.strip()]
+
+
+def write_episodes(episodes: Sequence[SampledEpisode], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for episode in episodes:
+            handle.write(episode.model_dump_json() + "\n")
+
+
+def measure(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    episodes: Sequence[SampledEpisode],
+    sources: Sequence[HintSource],
+    placements: Sequence[HintPlacement],
+) -> list[SiteScore]:
+    """Every episode's sites scored; a task's episodes are one group (for the sibling source)."""
+    template = HintTemplate(tokenizer)
+    groups: dict[str, list[SampledEpisode]] = {}
+    for episode in episodes:
+        groups.setdefault(episode.task_id, []).append(episode)
+    return [
+        score
+        for episode in episodes
+        for score in score_episode(model, episode, groups[episode.task_id], sources, placements, template)
+    ]
+
+
+def write_report(rows: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) -> str:
+    """`uptake.json` and `uptake.md` in `out`; returns the markdown table."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "uptake.json").write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=2) + "\n", encoding="utf-8")
+    table = markdown_table(rows)
+    (out / "uptake.md").write_text(table, encoding="utf-8")
+    return table
