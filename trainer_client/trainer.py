@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -66,6 +67,8 @@ from trainer_client.teacher_contexts import (
     solution_calls,
     turn_answers,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -262,6 +265,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             role=config.hint_role,
         )
         self._rollout_messages: list[list[dict[str, Any]]] = []
+        self._warned_no_reference = False
         self._rollout_prompts: list[Any] = []
         # The main process's share of each batch is sample enough, and one writer keeps the file whole.
         self._completion_samples = (
@@ -490,6 +494,14 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             group_size = self.num_generations if self.in_training else self.num_generations_eval
             offset = self.accelerator.process_index * len(rewards)
             siblings = sibling_solutions(every_reward, every_solution, group_size)[offset : offset + len(rewards)]
+        if "reference" in sources and not self._warned_no_reference and all(
+            getattr(environment, "reference", None) is None for environment in self.environments
+        ):
+            self._warned_no_reference = True
+            log.warning(
+                "hint source 'reference' has nothing to read: no environment holds a task reference (set the service's "
+                "privileged_token and ClientSettings.privileged_token; decision 129)"
+            )
         contexts: list[str | None] = []
         for environment, reward, sibling in zip(self.environments, rewards, siblings):
             failed = reward < 1.0 and not getattr(environment, "lost", False)
