@@ -1,8 +1,9 @@
-"""Learning curves: GRPO vs GRPO+SDPO vs GRPO+SDPO+DPO from one warm start, at equal steps and rollouts.
+"""Learning curves: GRPO vs GRPO+SDPO (a privileged teacher: sibling + reference; or the template hints)
+vs GRPO+SDPO+DPO from one warm start, at equal steps and rollouts.
 
 Every arm starts from the same SFT checkpoint (`coding-train sft`), trains `ComposerTrainer` on
 warmup train-split tasks through the service with the same seeds, batch, rollouts and steps; only
-`sdpo_weight` (alpha) and `dpo_weight` (beta) differ. The policy is evaluated on held-out warmup
+`sdpo_weight` (alpha), `dpo_weight` (beta) and the teacher's `hint_sources` differ (`ARMS`). The policy is evaluated on held-out warmup
 tasks before training (once per seed: every arm starts there) and every `eval_every` steps, with
 `trainer_client.evaluation` (pass@1, valid-call rate, reward, bootstrap intervals over tasks).
 Training logs give the reward and the hint sites per batch. Curves are means over seeds with a
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -45,11 +47,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from samples import checked_loss  # noqa: E402
 
-ARMS: dict[str, dict[str, float]] = {
+ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"sdpo_weight": 0.0, "dpo_weight": 0.0},
+    "grpo+sdpo(sibling+reference)": {"sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"]},
     "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0},
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
+"""In the order their cells are filled (issue 32): GRPO and the privileged teacher first. `grpo+sdpo` reads
+the template hints (the default source); the privileged arm needs `--privileged-token` (decision 129)."""
 MODES = {
     "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, tasks_per_step=1,
                  frontier_samples=0),
@@ -250,7 +255,7 @@ def run_arm(
 def _client_settings(args: argparse.Namespace) -> Any:
     from trainer_client.client import ClientSettings
 
-    return ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools)
+    return ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=args.privileged_token)
 
 
 def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
@@ -356,6 +361,10 @@ def main() -> int:
     parser.add_argument("--demos", required=True, type=Path, help="the demos the warm start was trained on (DPO pairs)")
     parser.add_argument("--env-url", required=True)
     parser.add_argument("--api-token")
+    parser.add_argument(
+        "--privileged-token", default=os.environ.get("CODING_ENV_PRIVILEGED_TOKEN"),
+        help="the service's privileged_token: the reference source of the privileged arm (default: $CODING_ENV_PRIVILEGED_TOKEN)",
+    )
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
     parser.add_argument("--tiny", action="store_true", help="1 seed, 1 step of 2 rollouts, 2 short turns, 2 eval tasks: every path and check")
@@ -384,6 +393,8 @@ def main() -> int:
         kind = int if not isinstance(value, list) else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
     args = parser.parse_args()
+    if any("reference" in ARMS[arm].get("hint_sources", ()) for arm in args.arms) and not args.privileged_token:
+        parser.error("the grpo+sdpo(sibling+reference) arm needs --privileged-token (or leave it out with --arms)")
 
     from env_server.tasks import default_registry
     from trainer_client.demos import mistake_pair, read_demos
@@ -424,6 +435,8 @@ def main() -> int:
     results.update({"mode": mode_name, "tasks": tasks})
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
+    missing = [f"{arm} seed {seed}" for arm in args.arms for seed in mode["seeds"] if str(seed) not in results["arms"].get(arm, {})]
+    print(f"cells to run ({len(missing)}): {', '.join(missing) or 'none'}", flush=True)
     started = time.perf_counter()
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
