@@ -322,7 +322,7 @@ def measure_hint_uptake(args: argparse.Namespace) -> int:
         "scoring_seconds": time.perf_counter() - sampled,
         "episodes_file": str(args.episodes or episodes_path),
     }
-    print(write_report(uptake_table(scores, seed=args.seed), args.out, meta), end="")
+    print(write_report(uptake_table(scores, seed=args.seed), scores, args.out, meta), end="")
     print(f"{meta['passed']}/{meta['episodes']} episodes passed; -> {args.out / 'uptake.json'}")
     return 0
 

@@ -3,7 +3,7 @@ see what the policy did during training (`<output_dir>/completions.jsonl`, one l
 
 The metrics say how often the policy erred; these say how: the task, each turn as the trainer parsed
 it (tool calls included), each tool's answer as the policy read it, the error kinds the trainer
-charged to its turns and the reward."""
+charged to its turns, the reward, and at each hint site what the SDPO teacher read there."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ class RolloutSample:
     """The assistant turns and tool answers after the prompt, as the trainer's tool loop appended them."""
     error_kinds: list[str]
     """The failures charged to the policy's turns (the trainer's `policy/failures/<kind>`)."""
+    hint_sites: list[dict[str, Any]]
+    """Per hint site: its `turn`, `error_kinds` and the message the SDPO teacher read before it
+    (`teacher_reads`), which the policy never did."""
 
 
 class CompletionSampleLog:
@@ -48,5 +51,6 @@ class CompletionSampleLog:
             for index in chosen:
                 rollout = rollouts[index]
                 line = {"step": step, "rollout": index, "task_id": rollout.task_id, "reward": rollout.reward,
-                        "error_kinds": rollout.error_kinds, "messages": [*rollout.prompt, *rollout.completion]}
+                        "error_kinds": rollout.error_kinds, "messages": [*rollout.prompt, *rollout.completion],
+                        "hint_sites": rollout.hint_sites}
                 lines.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")

@@ -103,6 +103,10 @@ class HintTemplate:
             raise ValueError("the chat template does not render a conversation as a prefix of its extension")
         return full[len(prefix) :]
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text (a message the teacher reads, for logs)."""
+        return self._tokenizer.decode(list(ids))
+
     def message_ids(self, hints: Sequence[str], privileged: str | None = None) -> tuple[int, ...]:
         """Token ids of one message carrying `hints` (one per line), then the `privileged` context, if any."""
         content = "\n\n".join(part for part in ("\n".join(self._prefix + hint for hint in hints), privileged) if part)

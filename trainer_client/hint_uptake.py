@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,10 @@ class SiteScore:
     passed: bool
     """The site's episode passed (reward 1)."""
     task_id: str
+    sample: int
+    turn: int
+    message: str
+    """What the teacher read before the turn (decoded), and the student never did."""
     tokens: int
     jsd: float
     logp_change: float
@@ -146,7 +150,11 @@ def score_episode(
                 tokens = torch.tensor(completion[site.start : site.end], device=device)[:, None]
                 change = teacher.log_softmax(-1).gather(1, tokens) - student.log_softmax(-1).gather(1, tokens)
                 jsd = generalized_jsd(student, teacher, beta=0.5, reduction="sum")
-                scores.append(SiteScore(source, placement, episode.passed, episode.task_id, turn, float(jsd), float(change.sum())))
+                message = template.decode(site.hint_ids)
+                scores.append(
+                    SiteScore(source, placement, episode.passed, episode.task_id, episode.sample, site.turn, message, turn,
+                              float(jsd), float(change.sum()))
+                )
     return scores
 
 
@@ -228,9 +236,13 @@ def measure(
     ]
 
 
-def write_report(rows: Sequence[dict[str, Any]], out: Path, meta: dict[str, Any]) -> str:
-    """`uptake.json` and `uptake.md` in `out`; returns the markdown table."""
+def write_report(rows: Sequence[dict[str, Any]], scores: Sequence[SiteScore], out: Path, meta: dict[str, Any]) -> str:
+    """`uptake.json`, `uptake.md` and `sites.jsonl` (every scored site, with what its teacher read) in `out`;
+    returns the markdown table."""
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sites.jsonl", "w", encoding="utf-8") as handle:
+        for score in scores:
+            handle.write(json.dumps(asdict(score), ensure_ascii=False) + "\n")
     (out / "uptake.json").write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=2) + "\n", encoding="utf-8")
     table = markdown_table(rows)
     (out / "uptake.md").write_text(table, encoding="utf-8")

@@ -463,7 +463,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             )
         mode = "train" if self.in_training else "eval"
         if self._completion_samples is not None and mode == "train":
-            self._completion_samples.write(self.state.global_step, self._rollout_samples(reports))
+            self._completion_samples.write(self.state.global_step, self._rollout_samples(reports, hint_sites))
         # The global batch's numbers: every rank's rollouts, in rank order (a GRPO group may span ranks).
         metrics = rollout_metrics(
             gather_object(reports),
@@ -511,14 +511,19 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             )
         return contexts
 
-    def _rollout_samples(self, reports: list[list[TurnReport] | None]) -> list[RolloutSample]:
-        """This process's rollouts of the batch as conversations, with the failures charged to their turns."""
+    def _rollout_samples(self, reports: list[list[TurnReport] | None], hint_sites: list[list[HintSite]]) -> list[RolloutSample]:
+        """This process's rollouts of the batch as conversations, with the failures charged to their turns and
+        what the teacher read at each site."""
         samples = []
-        for index, (environment, prompt, rollout) in enumerate(zip(self.environments, self._rollout_prompts, reports)):
+        for index, (environment, prompt, rollout, sites) in enumerate(zip(self.environments, self._rollout_prompts, reports, hint_sites)):
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
             failures = [failure.kind.value for turn in rollout or () for failure in turn.failures]
+            teacher = [
+                {"turn": site.turn, "error_kinds": list(site.error_kinds), "teacher_reads": self._hint_template.decode(site.hint_ids)}
+                for site in sites
+            ]
             samples.append(RolloutSample(getattr(environment, "task_id", None), getattr(environment, "reward", None),
-                                         messages, self._rollout_messages[index], failures))
+                                         messages, self._rollout_messages[index], failures, teacher))
         return samples
 
     def _global_count(self, local: int) -> torch.Tensor:

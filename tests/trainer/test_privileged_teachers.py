@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -98,6 +99,7 @@ def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> ScriptedPol
         max_tool_calling_iterations=4,
         sdpo_weight=1.0,
         hint_sources=["template", "sibling", "reference"],
+        completion_samples_per_step=4,
     )
     trainer = ScriptedPolicyTrainer(
         model=copy.deepcopy(base_model), args=config, train_dataset=dataset, processing_class=tokenizer,
@@ -154,6 +156,15 @@ def test_the_teacher_reads_what_the_policy_never_does(trainer: ScriptedPolicyTra
             teacher = [*student[: continuation.cut], *continuation.token_ids]
             assert REFERENCE_MARK in decode(teacher)
             assert teacher[-(site.end - site.start):] == completion[site.start : site.end]  # the same turn, scored
+
+
+def test_the_completions_log_shows_what_the_teacher_read_beside_what_the_policy_did(trainer: ScriptedPolicyTrainer) -> None:
+    lines = [json.loads(line) for line in (Path(trainer.args.output_dir) / "completions.jsonl").read_text().splitlines()]
+    assert [line["rollout"] for line in lines] == [0, 1, 2, 3]
+    assert [[site["turn"] for site in line["hint_sites"]] for line in lines] == [[], [0, 1, 2], [0, 1], [0]]
+    for line in lines[1:]:
+        assert all(REFERENCE_MARK in site["teacher_reads"] for site in line["hint_sites"])
+        assert REFERENCE_MARK not in json.dumps(line["messages"])
 
 
 def test_the_loss_trains_on_them(trainer: ScriptedPolicyTrainer) -> None:
