@@ -26,7 +26,10 @@ dry run, CI): 1 seed, 1 step of 2 rollouts, 2 short turns, 2 tasks. `--frontier-
 (default 0: off) first samples each train task K times with the warm start and trains first on the
 tasks where a group of rollouts is likely to earn different rewards (the others after them), so that
 groups have reward variance. Measured times on the 2-core box are in docs/benchmarks.md. Every size is a flag, and a rerun skips the (arm, seed) runs already in results.json.
-Writes results.json, learning_curve.png and table.md under --out. An evaluation episode the service did
+Writes results.json, learning_curve.png and table.md (the curves, pass@1 differences against GRPO paired by seed
+and task, seconds and tokens per step, failures per rollout by kind and step) under --out. Resumable: a cell (an
+arm and a seed) checkpoints after every step and keeps its evaluations in results.json, so a rerun with the same
+arguments continues each cell from its last step; it prints the cells still to run. An evaluation episode the service did
 not grade (a sandbox fault) or a training loss that is not finite fails the run.
 """
 
@@ -37,10 +40,12 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,10 @@ ARMS: dict[str, dict[str, Any]] = {
 """In the order their cells are filled (issue 32): GRPO and the privileged teacher first. `grpo+sdpo` reads
 the template hints (the default source); the privileged arm needs `--privileged-token` (decision 129)."""
 MODES = {
+    # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64
+    # episodes) at the start, the middle and the end. Hours on a GPU; on 2 CPU cores a step alone takes minutes.
+    "powered": dict(seeds=[0, 1, 2], steps=20, eval_every=10, eval_tasks=32, eval_n=2, train_tasks=80, generations=4,
+                    tasks_per_step=1, frontier_samples=0),
     "full": dict(seeds=[0, 1, 2], steps=4, eval_every=4, eval_tasks=8, eval_n=1, train_tasks=64, generations=4, tasks_per_step=1,
                  frontier_samples=0),
     "quick": dict(seeds=[0], steps=2, eval_every=2, eval_tasks=4, eval_n=1, train_tasks=16, generations=2, tasks_per_step=1,
@@ -63,8 +72,8 @@ MODES = {
     "tiny": dict(seeds=[0], steps=1, eval_every=1, eval_tasks=2, eval_n=1, train_tasks=2, generations=2, tasks_per_step=1,
                  frontier_samples=0),
 }
-TINY_EPISODES = dict(max_completion_length=96, max_new_tokens=24, max_turns=2, backward_batch=2, eval_concurrency=2)
-"""`--tiny`'s episode sizes: two short turns."""
+TINY_EPISODES = dict(max_completion_length=96, max_new_tokens=24, max_turns=2, backward_batch=2, eval_concurrency=2, checkpoint_every=0)
+"""`--tiny`'s episode sizes (two short turns), and no checkpoint."""
 FRONTIER_CHANCE = 0.75
 """A frontier task's least estimated chance that a group has reward variance: with 8 tries and groups of 4,
 at least 2 tries earn a reward the others do not (1 of 8 estimates 0.5; with 4 tries, any difference is 1.0)."""
@@ -81,7 +90,10 @@ TRAIN_KEYS = (
     "policy/valid_call_rate",
     "loss",
     "step_time",
+    "num_tokens",
 )
+FAILURE_PREFIX = "policy/failures/"
+"""Per-kind failure counts of a batch (every kind, every step): which errors each arm removes, and how fast."""
 
 
 def mean_interval(values: list[float]) -> dict[str, Any]:
@@ -167,10 +179,12 @@ def frontier(candidates: list[str], samples: int, group: int, factory: Any, args
 
 def run_arm(
     arm: str, seed: int, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]], pairs: Path,
-    max_steps: int, seconds: float | None,
+    max_steps: int, seconds: float | None, partial: dict[str, Any], save: Callable[[], None],
 ) -> dict[str, Any]:
     """One arm of one seed: `max_steps` optimizer steps, or fewer when `seconds` (of training) run out first;
-    evaluated every `eval_every` steps and after the last."""
+    evaluated every `eval_every` steps and after the last. Resumable: a checkpoint after every step (the
+    latest kept), and `partial` (this cell's entry in results.json, saved by `save`) keeps the evaluations
+    made, so a rerun continues from the last step instead of starting the cell again."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -181,9 +195,11 @@ def run_arm(
 
     factory = environment_factory(_client_settings(args))
     model, tokenizer = warm_start(args)
-    evals: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = partial.setdefault("evals", [])
+    output_dir = args.out / "runs" / f"{arm}-seed{seed}"
+    resume = any(output_dir.glob("checkpoint-*"))
 
-    trained = 0.0  # seconds of training, evaluations excluded
+    trained = float(partial.get("train_seconds", 0.0))  # seconds of training, evaluations excluded
 
     class EvaluateEvery(TrainerCallback):
         def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -193,10 +209,13 @@ def run_arm(
             nonlocal trained
             trained += time.perf_counter() - self.began
             out_of_time = seconds is not None and trained >= seconds
-            if state.global_step % mode["eval_every"] == 0 or state.global_step == max_steps or out_of_time:
+            due = state.global_step % mode["eval_every"] == 0 or state.global_step == max_steps or out_of_time
+            if due and all(point["step"] != state.global_step for point in evals):
                 report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args)
                 evals.append({"step": state.global_step, **_eval_point(report)})
-                print(f"  {arm} seed {seed} step {state.global_step}: {evals[-1]}", flush=True)
+                print(f"  {arm} seed {seed} step {state.global_step}: {_brief(evals[-1])}", flush=True)
+            partial["train_seconds"] = trained
+            save()  # before the step's checkpoint: a run stopped between the two redoes no evaluation
             if out_of_time:
                 control.should_training_stop = True
 
@@ -209,7 +228,7 @@ def run_arm(
     bf16 = on_gpu if args.bf16 is None else args.bf16
     rollouts = mode["tasks_per_step"] * mode["generations"]
     config = ComposerConfig(
-        output_dir=str(args.out / "runs" / f"{arm}-seed{seed}"),
+        output_dir=str(output_dir),
         use_cpu=not on_gpu,
         bf16=bf16,
         fp16=False,
@@ -225,7 +244,10 @@ def run_arm(
         max_tool_calling_iterations=args.max_turns - 1,
         learning_rate=args.learning_rate,
         logging_steps=1,
-        save_strategy="no",
+        # every `checkpoint_every` steps, the latest kept: a stopped cell resumes from it
+        save_strategy="steps" if args.checkpoint_every else "no",
+        save_steps=max(1, args.checkpoint_every),
+        save_total_limit=1,
         report_to=[],
         seed=seed,
         shuffle_dataset=False,  # the tasks come in `order`: the seed's, frontier first
@@ -241,15 +263,27 @@ def run_arm(
         callbacks=[EvaluateEvery()],
     )
     started = time.perf_counter()
+    if resume:
+        print(f"  {arm} seed {seed}: resuming from {sorted(output_dir.glob('checkpoint-*'))[-1].name}", flush=True)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume or None)
     finally:
         trainer.close_environments()
-    train_log = [{key: row[key] for key in ("step", *TRAIN_KEYS) if key in row} for row in trainer.state.log_history if "loss" in row]
+    train_log = [
+        {key: value for key, value in row.items() if key == "step" or key in TRAIN_KEYS or key.startswith(FAILURE_PREFIX)}
+        for row in trainer.state.log_history
+        if "loss" in row
+    ]
     for row in train_log:
         checked_loss(row["loss"], f"{arm} seed {seed} step {row['step']}")
+    for checkpoint in output_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)  # the cell is done: its result is in results.json (a checkpoint is 1.6 GB for SmolLM2)
     return {"evals": evals, "train": train_log, "steps": trainer.state.global_step, "rollouts_per_step": rollouts,
             "train_seconds": trained, "seconds": time.perf_counter() - started}
+
+
+def _brief(point: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in point.items() if key != "per_task"}
 
 
 def _client_settings(args: argparse.Namespace) -> Any:
@@ -265,6 +299,7 @@ def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
         "valid_call_rate": report["valid_tool_call_rate"]["value"],
         "mean_reward": report["mean_reward"]["value"],
         "episodes": report["episodes"],
+        "per_task": {task["task_id"]: task["pass@1"] for task in report["per_task"]},
         "ungraded": report["ungraded_episodes"],
         "seconds": report["seconds"],
     }
@@ -293,6 +328,63 @@ def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> di
             train[key] = {step: mean_interval(values) for step, values in sorted(by_step.items())}
         curves[arm] = {"evals": evals, "train": train}
     return curves
+
+
+def paired_differences(results: dict[str, Any], seeds: list[int], steps: list[int], against: str = "grpo") -> dict[str, Any]:
+    """Per arm and evaluated step after 0, its held-out pass@1 minus `against`'s, paired by seed and task (both
+    arms evaluated the same tasks with the same sampling seed), with a 95% bootstrap interval over the pairs."""
+    from trainer_client.evaluation import bootstrap_interval
+
+    def points(arm: str, seed: int, step: int) -> dict[str, float] | None:
+        run = results["arms"].get(arm, {}).get(str(seed))
+        return next((point.get("per_task") for point in run["evals"] if point["step"] == step), None) if run else None
+
+    differences: dict[str, Any] = {}
+    for arm in (arm for arm in ARMS if arm != against and results["arms"].get(arm)):
+        for step in (step for step in steps if step > 0):
+            pairs = []
+            for seed in seeds:
+                mine, theirs = points(arm, seed, step), points(against, seed, step)
+                if mine and theirs:
+                    pairs += [mine[task] - theirs[task] for task in mine if task in theirs]
+            if pairs:
+                differences.setdefault(arm, {})[step] = {
+                    "mean": statistics.fmean(pairs), "ci95": list(bootstrap_interval(pairs)), "pairs": len(pairs)
+                }
+    return differences
+
+
+def failure_rates(results: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """Per arm and training step, the policy's failures per rollout of each kind (mean over seeds): does an
+    arm remove the errors SDPO targets faster?"""
+    rates: dict[str, Any] = {}
+    for arm, runs in results["arms"].items():
+        by_step: dict[int, Counter[str]] = {}
+        counted: Counter[int] = Counter()
+        for seed in seeds:
+            run = runs.get(str(seed))
+            for row in run["train"] if run else ():
+                counted[row["step"]] += 1
+                for key, value in row.items():
+                    if key.startswith(FAILURE_PREFIX):
+                        by_step.setdefault(row["step"], Counter())[key[len(FAILURE_PREFIX) :]] += value / run["rollouts_per_step"]
+        rates[arm] = {step: {kind: total / counted[step] for kind, total in kinds.items()} for step, kinds in sorted(by_step.items())}
+    return rates
+
+
+def step_costs(results: dict[str, Any]) -> dict[str, Any]:
+    """Per arm, the mean over its runs of training seconds and tokens per optimizer step (evaluations excluded)."""
+    costs = {}
+    for arm, runs in results["arms"].items():
+        finished = [run for run in runs.values() if run["steps"]]
+        if finished:
+            tokens = [run["train"][-1].get("num_tokens", math.nan) / run["steps"] for run in finished if run["train"]]
+            costs[arm] = {
+                "seconds_per_step": statistics.fmean(run["train_seconds"] / run["steps"] for run in finished),
+                "tokens_per_step": statistics.fmean(tokens) if tokens else math.nan,
+                "runs": len(finished),
+            }
+    return costs
 
 
 def plot(curves: dict[str, Any], path: Path, title: str) -> None:
@@ -332,6 +424,24 @@ def plot(curves: dict[str, Any], path: Path, title: str) -> None:
     plt.close(figure)
 
 
+def analysis_tables(differences: dict[str, Any], rates: dict[str, Any], costs: dict[str, Any]) -> str:
+    """The paired differences against GRPO, each arm's cost per step, and its failures per rollout by kind."""
+    lines = ["| arm | step | pass@1 minus GRPO's (paired by seed and task) | pairs |", "|---|---|---|---|"]
+    for arm, by_step in differences.items():
+        for step, point in by_step.items():
+            low, high = point["ci95"]
+            lines.append(f"| {arm} | {step} | {point['mean']:+.3f} [{low:+.3f}, {high:+.3f}] | {point['pairs']} |")
+    lines += ["", "| arm | runs | seconds per step | tokens per step |", "|---|---|---|---|"]
+    lines += [f"| {arm} | {c['runs']} | {c['seconds_per_step']:.0f} | {c['tokens_per_step']:.0f} |" for arm, c in costs.items()]
+    kinds = sorted({kind for by_step in rates.values() for step in by_step.values() for kind, rate in step.items() if rate > 0})
+    if kinds:
+        lines += ["", "| arm | step | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+        for arm, by_step in rates.items():
+            for step, row in by_step.items():
+                lines.append(f"| {arm} | {step} | " + " | ".join(f"{row.get(kind, 0.0):.2f}" for kind in kinds) + " |")
+    return "\n".join(lines)
+
+
 def table(curves: dict[str, Any], steps: list[int]) -> str:
     def cell(point: dict[str, Any]) -> str:
         if point["ci95"] is None:
@@ -367,6 +477,10 @@ def main() -> int:
     )
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
+    parser.add_argument(
+        "--powered", action="store_true",
+        help="issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, 64 held-out episodes at steps 0, 10 and 20",
+    )
     parser.add_argument("--tiny", action="store_true", help="1 seed, 1 step of 2 rollouts, 2 short turns, 2 eval tasks: every path and check")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--id-prefix", default="warmup/l1/", help="train and evaluate on warmup tasks whose id starts with this")
@@ -385,6 +499,10 @@ def main() -> int:
                         help="train with bf16 autocast (default: on a GPU, not on CPU)")
     parser.add_argument("--eval-concurrency", type=int, default=8, help="evaluation episodes (service sessions) at once")
     parser.add_argument(
+        "--checkpoint-every", type=int, default=1,
+        help="optimizer steps between a cell's checkpoints (the latest kept, deleted when the cell ends; 0: none, a stopped cell starts again)",
+    )
+    parser.add_argument(
         "--time-budget", type=float,
         help="seconds for the whole run: each seed's first arm trains until its share is spent (its steps, at most --steps,"
         " become the seed's step count; the other arms train as many), the rest is kept for the evaluations",
@@ -399,7 +517,7 @@ def main() -> int:
     from env_server.tasks import default_registry
     from trainer_client.demos import mistake_pair, read_demos
 
-    mode_name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode_name = "tiny" if args.tiny else "quick" if args.quick else "powered" if args.powered else "full"
     mode = {key: getattr(args, key) or value for key, value in MODES[mode_name].items()}
     if args.tiny:
         vars(args).update(TINY_EPISODES)
@@ -435,7 +553,12 @@ def main() -> int:
     results.update({"mode": mode_name, "tasks": tasks})
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
-    missing = [f"{arm} seed {seed}" for arm in args.arms for seed in mode["seeds"] if str(seed) not in results["arms"].get(arm, {})]
+    missing = [
+        f"{arm} seed {seed}" + "".join(f" (resumes from {c.name})" for c in sorted((args.out / "runs" / f"{arm}-seed{seed}").glob("checkpoint-*")))
+        for arm in args.arms
+        for seed in mode["seeds"]
+        if str(seed) not in results["arms"].get(arm, {})
+    ]
     print(f"cells to run ({len(missing)}): {', '.join(missing) or 'none'}", flush=True)
     started = time.perf_counter()
     for seed in mode["seeds"]:
@@ -457,17 +580,23 @@ def main() -> int:
                 seconds = max(0.0, (share - len(args.arms) * 1.25 * evaluation) / len(args.arms))
             print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
             max_steps = done[0] if done else mode["steps"]
-            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds)
-            results_path.write_text(json.dumps(results, indent=2))
+            partial = results.setdefault("partial", {}).setdefault(arm, {}).setdefault(str(seed), {})
+            save = lambda: results_path.write_text(json.dumps(results, indent=2))  # noqa: E731
+            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
+            del results["partial"][arm][str(seed)]
+            save()
 
     steps = sorted({0, *(point["step"] for arm in results["arms"].values() for run in arm.values() for point in run["evals"])})
     results["steps"] = steps
     curves = aggregate(results, mode["seeds"], steps)
     results["curves"] = curves
+    differences, rates, costs = paired_differences(results, mode["seeds"], steps), failure_rates(results, mode["seeds"]), step_costs(results)
+    results.update({"paired_differences": differences, "failure_rates": rates, "step_costs": costs})
     results_path.write_text(json.dumps(results, indent=2, default=str))
     plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {steps[-1]} steps")
-    (args.out / "table.md").write_text(table(curves, steps) + "\n")
-    print(table(curves, steps))
+    report = table(curves, steps) + "\n\n" + analysis_tables(differences, rates, costs)
+    (args.out / "table.md").write_text(report + "\n")
+    print(report)
     return 0
 
 
