@@ -9,7 +9,8 @@ failed turns into completion token coordinates, and `teacher_row` builds the tea
 turn k, the same tokens with a chat-templated hint message inserted just before turn k's assistant
 header (all of a rollout's sites as continuations of its tokens: `packing`). Student and teacher
 then score the identical tokens of turn k, position for position. Blame rules:
-docs/decisions/063-hint-sites-at-every-policy-failure.md and 074.
+docs/decisions/063-hint-sites-at-every-policy-failure.md and 074; what else the teacher may read, and
+the sites that makes (every turn that acted in a failed rollout), decision 129 (`teacher_contexts`).
 """
 
 from __future__ import annotations

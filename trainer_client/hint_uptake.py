@@ -127,34 +127,46 @@ def score_episode(
     placements: Sequence[HintPlacement],
     template: HintTemplate,
 ) -> list[SiteScore]:
-    """Every site of the episode, for each source and placement, scored by teacher and student."""
+    """Every site of the episode, for each source and placement, scored by teacher and student.
+
+    The student's forward over the episode runs once, and its keys and values are every teacher's
+    context: a teacher continuation runs after them, cut where it leaves the episode's tokens (the cache
+    cropped there, cuts taken from the last to the first). Continuations with the same cut and message
+    (a privileged source read after the prompt) are prefixes of the longest, which runs alone for all."""
     device = next(model.parameters()).device
     context = episode.context
     prompt, completion = context[: episode.prompt_length], context[episode.prompt_length :]
-    student_logits: torch.Tensor | None = None
-    scores = []
+    groups: dict[tuple[int, tuple[int, ...]], list[tuple[HintSite, list[int], str, str]]] = {}
     for source in sources:
         sites = episode_sites(episode, group, source, template)
-        if not sites:
-            continue
-        if student_logits is None:
-            student_logits = model(input_ids=torch.tensor([context], device=device)).logits[0].float()
-        for placement in placements:
+        for placement in placements if sites else ():
             row = teacher_row(prompt, completion, sites, template.header_ids, placement)
             for site, continuation in zip(sites, row.continuations):
-                sequence = [*context[: continuation.cut], *continuation.token_ids]
-                turn = site.end - site.start
-                teacher = model(input_ids=torch.tensor([sequence], device=device)).logits[0, len(sequence) - turn - 1 : -1].float()
-                first = episode.prompt_length + site.start  # the hidden state at t predicts token t + 1
-                student = student_logits[first - 1 : first - 1 + turn]
-                tokens = torch.tensor(completion[site.start : site.end], device=device)[:, None]
-                change = teacher.log_softmax(-1).gather(1, tokens) - student.log_softmax(-1).gather(1, tokens)
-                jsd = generalized_jsd(student, teacher, beta=0.5, reduction="sum")
-                message = template.decode(site.hint_ids)
-                scores.append(
-                    SiteScore(source, placement, episode.passed, episode.task_id, episode.sample, site.turn, message, turn,
-                              float(jsd), float(change.sum()))
-                )
+                key = (continuation.cut, site.hint_ids)
+                groups.setdefault(key, []).append((site, list(continuation.token_ids), source, placement))
+    if not groups:
+        return []
+    forward = model(input_ids=torch.tensor([context], device=device), use_cache=True)
+    student_logits, cache = forward.logits[0].float(), forward.past_key_values
+    scores = []
+    for (cut, _), members in sorted(groups.items(), key=lambda item: -item[0][0]):
+        longest = max((tokens for _, tokens, _, _ in members), key=len)
+        cache.crop(cut - cache.get_seq_length())  # a negative count: the tokens to drop
+        teacher_logits = model(input_ids=torch.tensor([longest], device=device), past_key_values=cache, use_cache=True).logits[0].float()
+        for site, tokens, source, placement in members:
+            if longest[: len(tokens)] != tokens:
+                raise ValueError("continuations with one cut and one message must extend one another")
+            turn = site.end - site.start
+            teacher = teacher_logits[len(tokens) - turn - 1 : len(tokens) - 1]  # the logits at t predict token t + 1
+            first = episode.prompt_length + site.start
+            student = student_logits[first - 1 : first - 1 + turn]
+            sampled = torch.tensor(completion[site.start : site.end], device=device)[:, None]
+            change = teacher.log_softmax(-1).gather(1, sampled) - student.log_softmax(-1).gather(1, sampled)
+            jsd = generalized_jsd(student, teacher, beta=0.5, reduction="sum")
+            scores.append(
+                SiteScore(source, placement, episode.passed, episode.task_id, episode.sample, site.turn,
+                          template.decode(site.hint_ids), turn, float(jsd), float(change.sum()))
+            )
     return scores
 
 

@@ -10,7 +10,9 @@ decision 122):
   failures are still read, for the per-step logs of `rollout_metrics`).
 - SDPO (`sdpo`): self-distillation at the turns the policy got wrong (hint sites, decisions 061, 063),
   from GRPO's own forward (its hidden states, and the keys and values the live teacher reads,
-  decisions 060, 076); the teacher's weights are `teacher`'s.
+  decisions 060, 076); the teacher's weights are `teacher`'s, and what it reads at a site is chosen from
+  the hint sources of `teacher_contexts` (the hint, the raw error, a successful sibling, the task's
+  reference; decision 129).
 - DPO (`dpo`): trace-replay preference pairs, with trust-region DPO's reference sync (decision 068).
   The EMA teacher and the trust-region reference are copies of the policy that trail it (`policy_copies`).
 - Several processes (decision 069): every rank joins every collective (a rank without a hint site in
