@@ -54,12 +54,16 @@ from samples import checked_loss  # noqa: E402
 
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"sdpo_weight": 0.0, "dpo_weight": 0.0},
-    "grpo+sdpo(sibling+reference)": {"sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"]},
+    "grpo+sdpo(sibling+reference)": {
+        "sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"], "hint_placement": "after_prompt",
+    },
     "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0},
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
 }
 """In the order their cells are filled (issue 32): GRPO and the privileged teacher first. `grpo+sdpo` reads
-the template hints (the default source); the privileged arm needs `--privileged-token` (decision 129)."""
+the template hints (the default source) before the turn; the privileged arm reads the sibling and reference after
+the prompt, the placement where the reference lowered failing turns and left passing ones alone (docs/benchmarks.md,
+"What a hint tells the teacher"), and needs `--privileged-token` (decision 129)."""
 MODES = {
     # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64
     # episodes) at the start, the middle and the end. Hours on a GPU; on 2 CPU cores a step alone takes minutes.
