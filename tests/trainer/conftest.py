@@ -8,13 +8,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
 from datasets import Dataset
 
 from env_server.models import ErrorKind
+from trainer_client.client import ClientSettings
+from trainer_client.environment import environment_factory
 from trainer_client.hint_sites import HintSite, ToolCallRecord, locate_hint_sites, teacher_row, turn_reports
 from trainer_client.packing import Continuation, PackedRow
 from trainer_client.policy import load_tool_tokenizer, tiny_random_model
@@ -207,6 +209,48 @@ def preference_pairs() -> list[PreferencePair]:
         PreferencePair(state_id=f"s{i}", messages=context, chosen=bash_call("python3 -m pytest -q"), rejected=bash_call(f"pytset {i}"))
         for i in range(3)
     ]
+
+
+class ScriptedPolicyTrainer(ComposerTrainer):
+    """Replaces only sampling: rollout i of the batch plays `scripts[i]`, one assistant turn per generation call
+    (a later turn finds its script by its first turn, which must be unique); every context the policy was
+    sampled on is kept (`sampled_contexts`)."""
+
+    scripts: ClassVar[list[list[str]]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampled_contexts: list[list[int]] = []
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tokenizer, scripts = self._tokenizer, self.scripts
+        completions = []
+        for index, ids in enumerate(prompt_ids):
+            self.sampled_contexts.append(list(ids))
+            context = tokenizer.decode(ids)
+            turn = context.count("<|im_start|>assistant") - 1  # the generation prompt opens one more
+            script = index if turn == 0 else next(i for i, s in enumerate(scripts) if s[0].removesuffix("<|im_end|>") in context)
+            completions.append(tokenizer.encode(scripts[script][turn], add_special_tokens=False))
+        return completions, None
+
+
+def train_scripted(
+    trainer_class: type[ScriptedPolicyTrainer], settings: ClientSettings, tokenizer: Any, base_model: torch.nn.Module,
+    directory: Path, **config: Any,
+) -> Any:
+    """One optimizer step of `trainer_class` on four fizzbuzz rollouts (groups of two) through the service."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
+    defaults = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, max_completion_length=2048,
+                    max_tool_calling_iterations=4, sdpo_weight=1.0)
+    trainer = trainer_class(  # a copy: TRL patches `forward` on the instance it trains
+        model=copy.deepcopy(base_model), args=make_config(directory, **{**defaults, **config}), train_dataset=dataset,
+        processing_class=tokenizer, environment_factory=environment_factory(settings),
+    )
+    try:
+        trainer.train()
+    finally:
+        trainer.close_environments()
+    return trainer
 
 
 SERVICE_TOKEN = "trainer-test-token"

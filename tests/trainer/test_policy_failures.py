@@ -8,17 +8,13 @@ sandboxes, the hint-site location and one optimizer step of all the losses.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import pytest
-from datasets import Dataset
 
-from tests.trainer.conftest import SERVICE_TOKEN, make_config
+from tests.trainer.conftest import SERVICE_TOKEN, ScriptedPolicyTrainer, train_scripted
 from trainer_client.client import ClientSettings
-from trainer_client.environment import environment_factory
-from trainer_client.trainer import ComposerTrainer
 
 pytestmark = pytest.mark.docker
 
@@ -53,23 +49,15 @@ EXPECTED_SITES = [
 ]
 
 
-class ScriptedPolicyTrainer(ComposerTrainer):
-    """Replaces only sampling: each rollout plays its script, one turn per generation call."""
+class FailingPolicyTrainer(ScriptedPolicyTrainer):
+    """Plays `SCRIPTS`; keeps each batch's parsed completions and hint sites."""
+
+    scripts = SCRIPTS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hint_sites: list[list[list[Any]]] = []
         self.completions: list[list[list[dict]]] = []
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        tokenizer = self._tokenizer
-        completions = []
-        for index, ids in enumerate(prompt_ids):
-            context = tokenizer.decode(ids)
-            turn = context.count("<|im_start|>assistant") - 1  # the generation prompt opens one more
-            script = index if turn == 0 else next(i for i, s in enumerate(SCRIPTS) if s[0].removesuffix("<|im_end|>") in context)
-            completions.append(tokenizer.encode(SCRIPTS[script][turn], add_special_tokens=False))
-        return completions, None
 
     def _generate(self, prompts: list):
         result = super()._generate(prompts)
@@ -83,30 +71,12 @@ class ScriptedPolicyTrainer(ComposerTrainer):
 
 
 @pytest.fixture(scope="module")
-def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> ScriptedPolicyTrainer:
-    factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN))
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
-    config = make_config(
-        tmp_path_factory.mktemp("failures"),
-        max_steps=1,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=2048,
-        max_tool_calling_iterations=4,
-        sdpo_weight=1.0,
-        jsd_top_k=64,
-    )
-    trainer = ScriptedPolicyTrainer(  # a copy: TRL patches `forward` on the instance it trains
-        model=copy.deepcopy(base_model), args=config, train_dataset=dataset, processing_class=tokenizer, environment_factory=factory
-    )
-    try:
-        trainer.train()
-    finally:
-        trainer.close_environments()
-    return trainer
+def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> FailingPolicyTrainer:
+    settings = ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN)
+    return train_scripted(FailingPolicyTrainer, settings, tokenizer, base_model, tmp_path_factory.mktemp("failures"), jsd_top_k=64)
 
 
-def test_every_policy_failure_is_a_hint_site(trainer: ScriptedPolicyTrainer) -> None:
+def test_every_policy_failure_is_a_hint_site(trainer: FailingPolicyTrainer) -> None:
     assert len(trainer.completions) == 1
     # the rollouts went as scripted through TRL's own loop
     turns = [[m for m in messages if m["role"] == "assistant"] for messages in trainer.completions[0]]
@@ -117,7 +87,7 @@ def test_every_policy_failure_is_a_hint_site(trainer: ScriptedPolicyTrainer) -> 
     assert [[(site.turn, site.error_kinds) for site in rollout] for rollout in sites] == EXPECTED_SITES
 
 
-def test_hints_carry_the_error(trainer: ScriptedPolicyTrainer) -> None:
+def test_hints_carry_the_error(trainer: FailingPolicyTrainer) -> None:
     (unknown, untyped, wrong_parameter, wrong_submission), (unparsable,), (no_call,), (bad_command,) = trainer.hint_sites[0]
     assert "'run_python' not found" in unknown.hints[0] and "submit" in unknown.hints[0]  # the tools that exist
     assert "type str" in untyped.hints[0]
@@ -131,7 +101,7 @@ def test_hints_carry_the_error(trainer: ScriptedPolicyTrainer) -> None:
         assert site.hints[0][:40] in tokenizer.decode(site.hint_ids)
 
 
-def test_rollout_metrics_are_logged(trainer: ScriptedPolicyTrainer) -> None:
+def test_rollout_metrics_are_logged(trainer: FailingPolicyTrainer) -> None:
     (entry,) = [e for e in trainer.state.log_history if "sdpo/hint_sites" in e]
     assert entry["sdpo/hint_sites"] == 7
     assert entry["sdpo/loss"] > 0

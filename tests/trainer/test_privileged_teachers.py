@@ -9,20 +9,16 @@ neither does, so only the reference can teach.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from datasets import Dataset
 
-from tests.trainer.conftest import PRIVILEGED_TOKEN, SERVICE_TOKEN, make_config
+from tests.trainer.conftest import PRIVILEGED_TOKEN, SERVICE_TOKEN, ScriptedPolicyTrainer, train_scripted
 from trainer_client.client import ClientError, ClientSettings, CodingEnvClient
-from trainer_client.environment import environment_factory
 from trainer_client.hint_sites import teacher_row
-from trainer_client.trainer import ComposerTrainer
 
 pytestmark = pytest.mark.docker
 
@@ -49,34 +45,24 @@ SCRIPTS: list[list[str]] = [
 """One script per rollout (groups of two: rollouts 0-1 and 2-3). Each script's first turn is unique."""
 
 
-class ScriptedPolicyTrainer(ComposerTrainer):
-    """Replaces only sampling; keeps every context the policy was sampled on, the batch and the teacher rows."""
+class PrivilegedTeacherTrainer(ScriptedPolicyTrainer):
+    """Plays `SCRIPTS`; keeps the batch, the rewards, the tool answers and the teacher rows the SDPO channel ran."""
+
+    scripts = SCRIPTS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.sampled_contexts: list[list[int]] = []
         self.batches: list[dict[str, Any]] = []
         self.rewards: list[float] = []
         self.tool_messages: list[str] = []
-        teacher_logits = self.sdpo.teacher_logits
         self.teacher_rows: list[Any] = []
+        teacher_logits = self.sdpo.teacher_logits
 
         def recording_teacher_logits(rows, turn_lengths, contexts=None):
             self.teacher_rows.extend(rows)
             return teacher_logits(rows, turn_lengths, contexts)
 
         self.sdpo.teacher_logits = recording_teacher_logits
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        tokenizer = self._tokenizer
-        completions = []
-        for index, ids in enumerate(prompt_ids):
-            self.sampled_contexts.append(list(ids))
-            context = tokenizer.decode(ids)
-            turn = context.count("<|im_start|>assistant") - 1
-            script = index if turn == 0 else next(i for i, s in enumerate(SCRIPTS) if s[0].removesuffix("<|im_end|>") in context)
-            completions.append(tokenizer.encode(SCRIPTS[script][turn], add_special_tokens=False))
-        return completions, None
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -87,36 +73,19 @@ class ScriptedPolicyTrainer(ComposerTrainer):
 
 
 @pytest.fixture(scope="module")
-def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> ScriptedPolicyTrainer:
+def trainer(service_url, tokenizer, base_model, tmp_path_factory) -> PrivilegedTeacherTrainer:
     settings = ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN, privileged_token=PRIVILEGED_TOKEN)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
-    config = make_config(
-        tmp_path_factory.mktemp("privileged"),
-        max_steps=1,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=2048,
-        max_tool_calling_iterations=4,
-        sdpo_weight=1.0,
-        hint_sources=["template", "sibling", "reference"],
-        completion_samples_per_step=4,
+    return train_scripted(
+        PrivilegedTeacherTrainer, settings, tokenizer, base_model, tmp_path_factory.mktemp("privileged"),
+        hint_sources=["template", "sibling", "reference"], completion_samples_per_step=4,
     )
-    trainer = ScriptedPolicyTrainer(
-        model=copy.deepcopy(base_model), args=config, train_dataset=dataset, processing_class=tokenizer,
-        environment_factory=environment_factory(settings),
-    )
-    try:
-        trainer.train()
-    finally:
-        trainer.close_environments()
-    return trainer
 
 
 def contains(haystack: list[int], needle: list[int]) -> bool:
     return any(haystack[i : i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
 
 
-def test_privileged_sites_cover_every_turn_of_a_failed_rollout(trainer: ScriptedPolicyTrainer) -> None:
+def test_privileged_sites_cover_every_turn_of_a_failed_rollout(trainer: PrivilegedTeacherTrainer) -> None:
     assert trainer.rewards == [1.0, 0.0, 0.0, 0.0]
     sites = trainer.batches[0]["hint_sites"]
     assert [[site.turn for site in rollout] for rollout in sites] == [[], [0, 1, 2], [0, 1], [0]]
@@ -130,7 +99,7 @@ def test_privileged_sites_cover_every_turn_of_a_failed_rollout(trainer: Scripted
     assert "hidden tests failed" in decode(sites[1][2].hint_ids) and "call submit" in decode(sites[3][0].hint_ids)
 
 
-def test_the_teacher_reads_what_the_policy_never_does(trainer: ScriptedPolicyTrainer) -> None:
+def test_the_teacher_reads_what_the_policy_never_does(trainer: PrivilegedTeacherTrainer) -> None:
     batch = trainer.batches[0]
     header = list(trainer._hint_template.header_ids)
     privileged = [site.hint_ids for rollout in batch["hint_sites"] for site in rollout]
@@ -158,7 +127,7 @@ def test_the_teacher_reads_what_the_policy_never_does(trainer: ScriptedPolicyTra
             assert teacher[-(site.end - site.start):] == completion[site.start : site.end]  # the same turn, scored
 
 
-def test_the_completions_log_shows_what_the_teacher_read_beside_what_the_policy_did(trainer: ScriptedPolicyTrainer) -> None:
+def test_the_completions_log_shows_what_the_teacher_read_beside_what_the_policy_did(trainer: PrivilegedTeacherTrainer) -> None:
     lines = [json.loads(line) for line in (Path(trainer.args.output_dir) / "completions.jsonl").read_text().splitlines()]
     assert [line["rollout"] for line in lines] == [0, 1, 2, 3]
     assert [[site["turn"] for site in line["hint_sites"]] for line in lines] == [[], [0, 1, 2], [0, 1], [0]]
@@ -167,7 +136,7 @@ def test_the_completions_log_shows_what_the_teacher_read_beside_what_the_policy_
         assert REFERENCE_MARK not in json.dumps(line["messages"])
 
 
-def test_the_loss_trains_on_them(trainer: ScriptedPolicyTrainer) -> None:
+def test_the_loss_trains_on_them(trainer: PrivilegedTeacherTrainer) -> None:
     (entry,) = [e for e in trainer.state.log_history if "sdpo/hint_sites" in e]
     assert entry["sdpo/hint_sites"] == 6
     assert entry["sdpo/loss"] > 0
