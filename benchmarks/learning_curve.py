@@ -197,13 +197,22 @@ def run_arm(
     from trainer_client.task_rows import task_row
     from trainer_client.trainer import ComposerConfig, ComposerTrainer
 
-    factory = environment_factory(_client_settings(args))
+    # Only the training rollouts of an arm whose teacher reads references hold the privileged token.
+    train_factory = environment_factory(_client_settings(args, privileged="reference" in ARMS[arm].get("hint_sources", ())))
+    eval_factory = environment_factory(_client_settings(args))
     model, tokenizer = warm_start(args)
-    evals: list[dict[str, Any]] = partial.setdefault("evals", [])
     output_dir = args.out / "runs" / f"{arm}-seed{seed}"
-    resume = any(output_dir.glob("checkpoint-*"))
-
-    trained = float(partial.get("train_seconds", 0.0))  # seconds of training, evaluations excluded
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        partial.clear()  # nothing to continue: what an earlier try measured is not this run's
+        resumed_step = 0
+    else:
+        resumed_step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        # an evaluation saved after the checkpoint was of a step that is trained again
+        partial["evals"] = [point for point in partial.get("evals", []) if point["step"] <= resumed_step]
+    evals: list[dict[str, Any]] = partial.setdefault("evals", [])
+    seconds_by_step: dict[str, float] = partial.setdefault("train_seconds_by_step", {})
+    trained = float(seconds_by_step.get(str(resumed_step), 0.0))  # seconds of training, evaluations excluded
 
     class EvaluateEvery(TrainerCallback):
         def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -215,11 +224,11 @@ def run_arm(
             out_of_time = seconds is not None and trained >= seconds
             due = state.global_step % mode["eval_every"] == 0 or state.global_step == max_steps or out_of_time
             if due and all(point["step"] != state.global_step for point in evals):
-                report = _evaluate(kwargs["model"], tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args)
+                report = _evaluate(kwargs["model"], tokenizer, eval_factory, tasks["eval"], mode["eval_n"], seed, args)
                 evals.append({"step": state.global_step, **_eval_point(report)})
                 print(f"  {arm} seed {seed} step {state.global_step}: {_brief(evals[-1])}", flush=True)
-            partial["train_seconds"] = trained
-            save()  # before the step's checkpoint: a run stopped between the two redoes no evaluation
+            seconds_by_step[str(state.global_step)] = trained
+            save()  # before the step's checkpoint: a run stopped between the two trains and evaluates the step again
             if out_of_time:
                 control.should_training_stop = True
 
@@ -263,14 +272,14 @@ def run_arm(
         args=config,
         train_dataset=Dataset.from_list([task_row(task_id) for task_id in order]),
         processing_class=tokenizer,
-        environment_factory=factory,
+        environment_factory=train_factory,
         callbacks=[EvaluateEvery()],
     )
     started = time.perf_counter()
-    if resume:
-        print(f"  {arm} seed {seed}: resuming from {sorted(output_dir.glob('checkpoint-*'))[-1].name}", flush=True)
+    if checkpoint is not None:
+        print(f"  {arm} seed {seed}: resuming from {checkpoint.name}", flush=True)
     try:
-        trainer.train(resume_from_checkpoint=resume or None)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     finally:
         trainer.close_environments()
     train_log = [
@@ -286,14 +295,30 @@ def run_arm(
             "train_seconds": trained, "seconds": time.perf_counter() - started}
 
 
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The cell's checkpoint of the highest step (`checkpoint-N`), if any."""
+    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    return checkpoints[-1] if checkpoints else None
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """results.json, replaced whole: a run killed while writing keeps the previous one."""
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(results, indent=2, default=str))
+    os.replace(partial, path)
+
+
 def _brief(point: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation point as printed: without its per-task passes."""
     return {key: value for key, value in point.items() if key != "per_task"}
 
 
-def _client_settings(args: argparse.Namespace) -> Any:
+def _client_settings(args: argparse.Namespace, *, privileged: bool = False) -> Any:
+    """The sessions' settings; with `privileged`, holding the service's privileged token (the reference source)."""
     from trainer_client.client import ClientSettings
 
-    return ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=args.privileged_token)
+    token = args.privileged_token or None if privileged else None
+    return ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=token)
 
 
 def _eval_point(report: dict[str, Any]) -> dict[str, Any]:
@@ -558,7 +583,7 @@ def main() -> int:
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
     missing = [
-        f"{arm} seed {seed}" + "".join(f" (resumes from {c.name})" for c in sorted((args.out / "runs" / f"{arm}-seed{seed}").glob("checkpoint-*")))
+        f"{arm} seed {seed}" + (f" (resumes from {c.name})" if (c := latest_checkpoint(args.out / "runs" / f"{arm}-seed{seed}")) else "")
         for arm in args.arms
         for seed in mode["seeds"]
         if str(seed) not in results["arms"].get(arm, {})
@@ -570,7 +595,7 @@ def main() -> int:
             model, tokenizer = warm_start(args)
             results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))}
             print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
-            results_path.write_text(json.dumps(results, indent=2))
+            write_results(results_path, results)
         for arm in args.arms:
             if str(seed) in results["arms"].get(arm, {}):
                 continue  # resumable: a finished run is kept
@@ -585,9 +610,14 @@ def main() -> int:
             print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
             max_steps = done[0] if done else mode["steps"]
             partial = results.setdefault("partial", {}).setdefault(arm, {}).setdefault(str(seed), {})
-            save = lambda: results_path.write_text(json.dumps(results, indent=2))  # noqa: E731
+
+            def save() -> None:
+                write_results(results_path, results)
+
             results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
             del results["partial"][arm][str(seed)]
+            if not results["partial"][arm]:
+                del results["partial"][arm]
             save()
 
     steps = sorted({0, *(point["step"] for arm in results["arms"].values() for run in arm.values() for point in run["evals"])})
@@ -596,7 +626,7 @@ def main() -> int:
     results["curves"] = curves
     differences, rates, costs = paired_differences(results, mode["seeds"], steps), failure_rates(results, mode["seeds"]), step_costs(results)
     results.update({"paired_differences": differences, "failure_rates": rates, "step_costs": costs})
-    results_path.write_text(json.dumps(results, indent=2, default=str))
+    write_results(results_path, results)
     plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {steps[-1]} steps")
     report = table(curves, steps) + "\n\n" + analysis_tables(differences, rates, costs)
     (args.out / "table.md").write_text(report + "\n")

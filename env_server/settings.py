@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from env_server.grading.grader import GradingConfig
@@ -75,7 +75,13 @@ class ServiceSettings(BaseSettings):
     privileged_token: SecretStr | None = None
     """When set, `GET /references/{task_id}` (a task's reference solution, for a trainer's privileged
     SDPO teacher) answers a request with `X-Privileged-Token: <token>`; unset, that route answers 403.
-    Keep it from whoever drives agents you evaluate: with it, a client can read every answer."""
+    Keep it from whoever drives agents you evaluate: with it, a client can read every answer. Empty means
+    unset (a deployment template's unset variable must not open the route to an empty header)."""
+
+    @field_validator("privileged_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     max_sessions: int = Field(default=64, ge=1)
     """Sessions (each owning at most one sandbox) alive at once; a new one beyond waits in the

@@ -21,6 +21,7 @@ from trainer_client.client import ClientSettings, CodingEnvClient
 from trainer_client.lora import LoraSettings
 from trainer_client.policy import PolicySpec
 from trainer_client.shipped_configs import find_config, input_path
+from trainer_client.teacher_contexts import HINT_PLACEMENTS
 from trainer_client.task_rows import task_row
 
 if TYPE_CHECKING:
@@ -299,15 +300,21 @@ def measure_hint_uptake(args: argparse.Namespace) -> int:
     else:
         if "reference" in sources and not args.privileged_token:
             raise SystemExit("coding-train hint-uptake: the reference source needs --privileged-token (the service's privileged_token)")
-        client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=args.privileged_token)
+        client = ClientSettings(base_url=args.env_url, api_token=args.api_token, tools=args.tools, privileged_token=args.privileged_token or None)
         task_ids = select_task_ids(args, client)
         settings = EvalSettings(
             n=args.n, temperature=args.temperature, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
             max_completion_length=args.max_completion_length, concurrency=args.concurrency, seed=args.seed,
         )
+        # The episodes are played without the privileged token: the policy's sessions never hold it.
+        player = client.model_copy(update={"privileged_token": None})
         with tqdm(total=len(task_ids) * args.n, desc="episodes", unit="ep") as bar:
-            played = Evaluator(model, tokenizer, environment_factory(client, grade_unsubmitted=False), settings, bar.update).run(task_ids)
-        episodes = [SampledEpisode.of(episode) for episode in played if episode.reward is not None]
+            played = Evaluator(model, tokenizer, environment_factory(player, grade_unsubmitted=False), settings, bar.update).run(task_ids)
+        references = {}
+        if "reference" in sources:
+            with CodingEnvClient(client) as reader:
+                references = {task_id: reader.task_reference(task_id) for task_id in task_ids}
+        episodes = [SampledEpisode.of(episode, references.get(episode.task_id)) for episode in played if episode.reward is not None]
         write_episodes(episodes, episodes_path)
     sampled = time.perf_counter()
     scores = measure(model, tokenizer, episodes, sources, args.placements)
@@ -423,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sources", nargs="+", default=["template", "raw_error", "sibling", "reference"], help="hint sources to measure"
     )
     uptake.add_argument(
-        "--placements", nargs="+", choices=["before_turn", "after_prompt"], default=["before_turn", "after_prompt"],
+        "--placements", nargs="+", choices=HINT_PLACEMENTS, default=list(HINT_PLACEMENTS),
         help="where the teacher reads the message",
     )
     uptake.add_argument("--episodes", type=Path, help="score these sampled episodes (an earlier run's episodes.jsonl) instead of sampling")

@@ -104,7 +104,7 @@ class ClientSettings(BaseModel):
     show_hints: bool = False
     """Ask the service to append hints to the tool output the policy sees."""
 
-    privileged_token: str | None = None
+    privileged_token: str | None = Field(default=None, min_length=1, repr=False)
     """The service's `privileged_token`, for `task_reference` (a reference solution, read only by the SDPO
     teacher's `reference` hint source; decision 129). None: that source is unavailable."""
 

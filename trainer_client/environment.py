@@ -78,9 +78,8 @@ class TrlEnvironment:
         """The episode's grade, once there is one."""
         self.lost = False
         """The session was lost mid-episode (its replica died): the episode is over and scores 0."""
-        self.reference: TaskReference | None = None
-        """The task's reference solution, read at reset when the client holds the service's privileged token
-        (for the SDPO teacher's `reference` source only; decision 129). Never returned to the policy."""
+        self._references: dict[str, TaskReference | None] = {}
+        """Task references read so far (`task_reference`), by task id."""
 
     def reset(self, **row: Any) -> str:
         """Start an episode on the row's `task_id` (or a `seed`-picked task); returns the task prompt.
@@ -95,7 +94,6 @@ class TrlEnvironment:
                 log.warning("session lost during reset (%s); opening a new one", error)
         self.tool_calls = []
         self.task_id = info.task_id
-        self.reference = self._reference(info.task_id)
         self.episode_over = False
         self.reward = None
         self.lost = False
@@ -112,16 +110,6 @@ class TrlEnvironment:
                 log.warning("episode on task %s lost while grading it (%s): scored 0, training goes on", self.task_id, error)
                 self.lost = True
         return float(self.reward or 0.0)
-
-    def _reference(self, task_id: str) -> TaskReference | None:
-        if self._client.settings.privileged_token is None:
-            return None
-        try:
-            return self._client.task_reference(task_id)
-        except ClientError as error:
-            if error.code != ApiErrorCode.NO_REFERENCE.value:
-                raise
-            return None
 
     def _run_turn(self, calls: Sequence[ToolCall]) -> list[str]:
         """One assistant turn's calls, as one step of the service; each call's output, in order."""
@@ -247,3 +235,21 @@ def environment_factory(settings: ClientSettings, *, grade_unsubmitted: bool = F
     with CodingEnvClient(settings) as client:
         tools = [tool for tool in client.list_tools() if settings.tools is None or tool.get("function", tool)["name"] in settings.tools]
     return functools.partial(environment_class(tools), settings, grade_unsubmitted=grade_unsubmitted)
+
+
+def task_reference(environment: TrlEnvironment) -> TaskReference | None:
+    """The reference solution of the environment's current task, for the SDPO teacher's `reference` source
+    only (decision 129): read on first use through the privileged route, then kept. None when the client holds
+    no privileged token or the task has no reference. A function, not a method: TRL offers an environment's
+    public methods to the policy as tools."""
+    task_id, settings = environment.task_id, environment._client.settings
+    if task_id is None or not settings.privileged_token:
+        return None
+    if task_id not in environment._references:
+        try:
+            environment._references[task_id] = environment._client.task_reference(task_id)
+        except ClientError as error:
+            if error.code != ApiErrorCode.NO_REFERENCE.value:
+                raise
+            environment._references[task_id] = None
+    return environment._references[task_id]

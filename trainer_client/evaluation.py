@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server.models import TaskReference
 from trainer_client.hint_sites import TurnReport, turn_reports
 from trainer_client.task_rows import prompt_after_reset, task_row
 from trainer_client.transcript_markdown import transcript_markdown
@@ -96,8 +95,6 @@ class Episode:
     """Failures the policy caused, per turn (the trainer's `policy/failures/<kind>`)."""
     reports: list[TurnReport] = field(default_factory=list)
     """Per turn, its calls and the failures it is blamed for (`turn_reports`)."""
-    reference: TaskReference | None = None
-    """The task's reference, where the environment read one (its client holds the privileged token)."""
     submitted: bool = False
     last_turn_ended: bool = True
     open: bool = True
@@ -277,7 +274,6 @@ class Evaluator:
         if reports is None:
             raise RuntimeError(f"{episode.task_id}: the environment's call records do not match the turns' calls")
         episode.reports = reports
-        episode.reference = environment.reference
         episode.turns = len(reports)
         episode.valid_turns = sum(report.valid_call for report in reports)
         episode.error_kinds = [failure.kind.value for report in reports for failure in report.failures]

@@ -58,7 +58,8 @@ class SampledEpisode(BaseModel):
     reference: TaskReference | None = None
 
     @classmethod
-    def of(cls, episode: Episode) -> SampledEpisode:
+    def of(cls, episode: Episode, reference: TaskReference | None = None) -> SampledEpisode:
+        """What uptake keeps of an evaluated episode, with its task's reference where the `reference` source is measured."""
         return cls(
             task_id=episode.task_id,
             sample=episode.sample,
@@ -68,14 +69,16 @@ class SampledEpisode(BaseModel):
             policy_mask=episode.policy_mask,
             completion=episode.completion,
             reports=[(r.calls, [(f.kind.value, f.hint) for f in r.failures]) for r in episode.reports],
-            reference=episode.reference,
+            reference=reference,
         )
 
     @property
     def passed(self) -> bool:
+        """Every hidden check passed (reward 1), as `coding-train eval` counts a pass."""
         return self.reward >= 1.0
 
     def turn_reports(self) -> list[TurnReport]:
+        """The episode's `TurnReport`s, as the trainer judged its turns."""
         return [TurnReport(calls, tuple(TurnFailure(ErrorKind(kind), hint) for kind, hint in failures)) for calls, failures in self.reports]
 
 
@@ -218,11 +221,13 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def read_episodes(path: Path) -> list[SampledEpisode]:
+    """The episodes of an `episodes.jsonl` (`write_episodes`)."""
     with open(path, encoding="utf-8") as handle:
         return [SampledEpisode.model_validate_json(line) for line in handle if line.strip()]
 
 
 def write_episodes(episodes: Sequence[SampledEpisode], path: Path) -> None:
+    """One JSON line per episode, read back by `read_episodes` (`--episodes`: scored again without sampling)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         for episode in episodes:

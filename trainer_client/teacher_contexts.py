@@ -64,7 +64,9 @@ def turn_answers(messages: Sequence[dict[str, Any]]) -> list[str]:
 
 def solution_calls(messages: Sequence[dict[str, Any]]) -> str:
     """A rollout's tool calls (but `submit`), one `<tool_call>` line each, as the policy writes them."""
-    from trainer_client.environment import turn_message  # the format the service reads from the policy
+    # The format the service reads from the policy; imported here because `environment` imports
+    # `hint_sites`, which imports this module.
+    from trainer_client.environment import turn_message
 
     calls = [
         (call["function"]["name"], call["function"].get("arguments") or {})

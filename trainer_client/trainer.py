@@ -45,6 +45,7 @@ from trainer_client.concurrent_rollouts import (
     ConcurrentRolloutTrainer,
 )
 from trainer_client.dpo import DpoChannel, DpoSettings
+from trainer_client.environment import TrlEnvironment, task_reference
 from trainer_client.hint_sites import (
     HintSite,
     HintTemplate,
@@ -485,7 +486,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
 
     def _privileged_contexts(self) -> list[str | None]:
         """Per rollout of this process, what the privileged sources tell its teacher: for a rollout that did not
-        earn reward 1 (and was not lost), a successful sibling's calls and the task's reference, as chosen."""
+        earn reward 1 (and was neither lost nor ungraded), a successful sibling's calls and the task's reference, as chosen."""
         sources = self.args.hint_sources
         rewards = [float(getattr(environment, "reward", None) or 0.0) for environment in self.environments]
         siblings: list[str | None] = [None] * len(rewards)
@@ -496,22 +497,26 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             group_size = self.num_generations if self.in_training else self.num_generations_eval
             offset = self.accelerator.process_index * len(rewards)
             siblings = sibling_solutions(every_reward, every_solution, group_size)[offset : offset + len(rewards)]
-        if "reference" in sources and not self._warned_no_reference and all(
-            getattr(environment, "reference", None) is None for environment in self.environments
-        ):
-            self._warned_no_reference = True
-            log.warning(
-                "hint source 'reference' has nothing to read: no environment holds a task reference (set the service's "
-                "privileged_token and ClientSettings.privileged_token; decision 129)"
-            )
         contexts: list[str | None] = []
         for environment, reward, sibling in zip(self.environments, rewards, siblings):
-            failed = reward < 1.0 and not getattr(environment, "lost", False)
-            reference = getattr(environment, "reference", None) if "reference" in sources else None
-            contexts.append(
-                privileged_context(sibling, reference_text(reference) if reference is not None else None) if failed else None
+            # Lost or ungraded (a sandbox fault): the reward says nothing of the policy's turns.
+            failed = reward < 1.0 and not getattr(environment, "lost", False) and not (
+                getattr(environment, "episode_over", False) and getattr(environment, "reward", 0.0) is None
             )
+            reference = self._reference(environment) if failed and "reference" in sources else None
+            contexts.append(privileged_context(sibling, reference) if failed else None)
         return contexts
+
+    def _reference(self, environment: Any) -> str | None:
+        """The environment's task reference as the teacher reads it; warns once when there is none to read."""
+        reference = task_reference(environment) if isinstance(environment, TrlEnvironment) else None
+        if reference is None and not self._warned_no_reference:
+            self._warned_no_reference = True
+            log.warning(
+                "hint source 'reference': task %s has no reference to read (set the service's privileged_token and "
+                "ClientSettings.privileged_token; decision 129)", getattr(environment, "task_id", None),
+            )
+        return reference_text(reference) if reference is not None else None
 
     def _rollout_samples(self, reports: list[list[TurnReport] | None], hint_sites: list[list[HintSite]]) -> list[RolloutSample]:
         """This process's rollouts of the batch as conversations, with the failures charged to their turns and

@@ -53,3 +53,17 @@ def test_sources_are_checked() -> None:
     for bad in ([], ["judge"]):
         with pytest.raises(ValueError):
             hint_sources(bad)
+
+
+def test_an_empty_privileged_token_is_no_token() -> None:
+    """A deployment template's unset variable must not open the references route to an empty header."""
+    from pydantic import ValidationError
+
+    from env_server.settings import ServiceSettings
+    from trainer_client.client import ClientSettings
+
+    assert ServiceSettings(privileged_token="").privileged_token is None
+    assert ServiceSettings(privileged_token="t").privileged_token.get_secret_value() == "t"
+    with pytest.raises(ValidationError):
+        ClientSettings(privileged_token="")
+    assert "secret" not in repr(ClientSettings(privileged_token="secret"))
