@@ -47,6 +47,7 @@ RUN_BY: list[tuple[str, str]] = [
     (r"coding-train demos .*", "tests/trainer/test_gpu_check.py::test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files"),
     (r"coding-train sft --config \S+", "tests/trainer/test_gpu_check.py::test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files"),
     (r"coding-train eval .*", "tests/trainer/test_eval.py::test_eval_command_writes_report_and_figure"),
+    (r"coding-train hint-uptake .*", "tests/trainer/test_hint_uptake.py::test_the_command_scores_each_source_and_the_policy_never_reads_the_reference"),
     (r"python benchmarks/learning_curve\.py .*", "tests/trainer/test_gpu_check.py::test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files"),
     (r"python benchmarks/gpu_bundle\.py", "tests/trainer/test_gpu_check.py::test_parts_hold_at_most_their_size_and_unpack_to_the_same_files"),
     (r"python3 benchmarks/gpu_check\.py .*", "tests/trainer/test_gpu_check.py::test_the_dry_run_runs_every_stage_and_reports_in_at_most_eight_files"),

@@ -21,7 +21,7 @@ from trainer_client.client import ClientSettings, CodingEnvClient
 from trainer_client.lora import LoraSettings
 from trainer_client.policy import PolicySpec
 from trainer_client.shipped_configs import find_config, input_path
-from trainer_client.teacher_contexts import HINT_PLACEMENTS
+from trainer_client.teacher_contexts import HINT_PLACEMENTS, HINT_SOURCES
 from trainer_client.task_rows import task_row
 
 if TYPE_CHECKING:
@@ -290,6 +290,11 @@ def measure_hint_uptake(args: argparse.Namespace) -> int:
     from trainer_client.policy import load_policy
     from trainer_client.teacher_contexts import hint_sources
 
+    if args.sources is None:  # every source this command can read: saved episodes hold their references
+        references = bool(args.privileged_token) or args.episodes is not None
+        args.sources = ["template", "raw_error", "sibling", *(["reference"] if references else [])]
+        if not references:
+            print("hint-uptake: no --privileged-token, so the reference source is not measured", file=sys.stderr)
     sources = hint_sources(args.sources)
     model, tokenizer = load_policy(PolicySpec(name=args.model))
     model.eval()
@@ -427,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     uptake.add_argument("--concurrency", type=int, default=8, help="episodes (service sessions) at once")
     uptake.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
     uptake.add_argument(
-        "--sources", nargs="+", default=["template", "raw_error", "sibling", "reference"], help="hint sources to measure"
+        "--sources", nargs="+", choices=HINT_SOURCES,
+        help="hint sources to measure (default: all four, reference only with a privileged token)"
     )
     uptake.add_argument(
         "--placements", nargs="+", choices=HINT_PLACEMENTS, default=list(HINT_PLACEMENTS),
