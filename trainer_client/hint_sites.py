@@ -353,18 +353,39 @@ def teacher_row(
     header_ids: Sequence[int],
     placement: HintPlacement = "before_turn",
 ) -> PackedRow:
-    """The teacher's input for a rollout's sites: per site k, a continuation of the rollout's tokens cut
-    before an assistant header, then the hint message, that header and what followed it up to the end
-    of turn k. `before_turn`: cut before turn k's header (the message, then turn k); `after_prompt`: cut
-    before the first turn's header, at the end of the task prompt (the message, then turns 0..k and
-    their tool answers). Each continuation ends with turn k's tokens, identical to the student's."""
+    """The teacher's input for a rollout's sites, one continuation per site (in order) that ends with the
+    site's turn, token for token the student's.
+
+    `before_turn`: the rollout's tokens cut before turn k's assistant header, then the hint message, the
+    header and turn k. `after_prompt`: cut before the first turn's header, at the end of the task prompt,
+    then the message, the header and the rollout up to the end of turn k. Sites that read the same message
+    there share one chain of branches (the message, then the rollout up to each site), so a rollout's turns
+    are run once per message, not once per site; each site's continuation is its turn after its branch."""
     context = [*prompt_ids, *completion_ids]
     header = list(header_ids)
-    continuations = []
+    first_header = len(prompt_ids) - len(header)
     for site in sites:
-        start = site.start if placement == "before_turn" else 0
-        cut = len(prompt_ids) + start - len(header)
+        cut = len(prompt_ids) + site.start - len(header) if placement == "before_turn" else first_header
         if context[cut : cut + len(header)] != header:
             raise ValueError(f"turn {site.turn} is not preceded by the assistant header the chat template renders")
-        continuations.append(Continuation(cut, [*site.hint_ids, *header, *completion_ids[start : site.end]]))
-    return PackedRow(context, continuations)
+    if placement == "before_turn":
+        continuations = [
+            Continuation(len(prompt_ids) + site.start - len(header), [*site.hint_ids, *header, *completion_ids[site.start : site.end]])
+            for site in sites
+        ]
+        return PackedRow(context, continuations)
+    branches: list[Continuation] = []
+    lengths: list[int] = []  # each branch's whole sequence
+    chains: dict[tuple[int, ...], tuple[int, int]] = {}  # per message: its last branch, and where in the completion it ends
+    continuations = []
+    for site in sites:
+        if site.hint_ids not in chains:
+            branches.append(Continuation(first_header, [*site.hint_ids, *header, *completion_ids[: site.start]]))
+            lengths.append(first_header + len(branches[-1].token_ids))
+        else:
+            branch, reached = chains[site.hint_ids]
+            branches.append(Continuation(lengths[branch], list(completion_ids[reached : site.start]), branch=branch))
+            lengths.append(lengths[branch] + site.start - reached)
+        chains[site.hint_ids] = (len(branches) - 1, site.start)
+        continuations.append(Continuation(lengths[-1], list(completion_ids[site.start : site.end]), branch=len(branches) - 1))
+    return PackedRow(context, continuations, branches)

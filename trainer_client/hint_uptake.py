@@ -133,9 +133,9 @@ def score_episode(
     """Every site of the episode, for each source and placement, scored by teacher and student.
 
     The student's forward over the episode runs once, and its keys and values are every teacher's
-    context: a teacher continuation runs after them, cut where it leaves the episode's tokens (the cache
-    cropped there, cuts taken from the last to the first). Continuations with the same cut and message
-    (a privileged source read after the prompt) are prefixes of the longest, which runs alone for all."""
+    context: a teacher's sequence (`teacher_row`'s, whole) runs after them from where it leaves the
+    episode's tokens (the cache cropped there, cuts taken from the last to the first). Sequences with the
+    same cut and message (a source read after the prompt) are prefixes of the longest, which runs alone for all."""
     device = next(model.parameters()).device
     context = episode.context
     prompt, completion = context[: episode.prompt_length], context[episode.prompt_length :]
@@ -145,8 +145,9 @@ def score_episode(
         for placement in placements if sites else ():
             row = teacher_row(prompt, completion, sites, template.header_ids, placement)
             for site, continuation in zip(sites, row.continuations):
-                key = (continuation.cut, site.hint_ids)
-                groups.setdefault(key, []).append((site, list(continuation.token_ids), source, placement))
+                sequence = [*row.sequence(continuation.branch)[: continuation.cut], *continuation.token_ids]
+                cut = next(index for index, (mine, theirs) in enumerate(zip(sequence, context)) if mine != theirs)
+                groups.setdefault((cut, site.hint_ids), []).append((site, sequence[cut:], source, placement))
     if not groups:
         return []
     forward = model(input_ids=torch.tensor([context], device=device), use_cache=True)

@@ -56,8 +56,14 @@ class SdpoChannel:
     @property
     def reads_policy_cache(self) -> bool:
         """Whether the teacher takes the rollouts' contexts from GRPO's forward: it is that forward's model
-        (the live policy) and it runs packed continuations (decision 076)."""
-        return self._settings.reuse_policy_cache and self.teacher.kind == "live" and self._host.shared_prefixes
+        (the live policy), it runs packed continuations (decision 076), and they follow the contexts
+        themselves (`before_turn`; `after_prompt` rows are chains of branches off the prompt, run with it)."""
+        return (
+            self._settings.reuse_policy_cache
+            and self.teacher.kind == "live"
+            and self._host.shared_prefixes
+            and self._settings.placement == "before_turn"
+        )
 
     def loss(
         self, model: torch.nn.Module, inputs: dict[str, Any], hidden_states: torch.Tensor, keys_values: KeysValues | None = None

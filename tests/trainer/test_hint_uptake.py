@@ -69,7 +69,7 @@ def scored_as_plain_forwards(episodes: list) -> None:
             for placement in ("before_turn", "after_prompt"):
                 row = teacher_row(prompt, completion, sites, template.header_ids, placement)
                 for site, continuation in zip(sites, row.continuations):
-                    sequence = [*episode.context[: continuation.cut], *continuation.token_ids]
+                    sequence = [*row.sequence(continuation.branch)[: continuation.cut], *continuation.token_ids]
                     turn = site.end - site.start
                     teacher = model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]
                     first = episode.prompt_length + site.start

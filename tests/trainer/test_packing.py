@@ -152,29 +152,33 @@ def test_adding_contexts_grows_a_prefix_tree() -> None:
         add_context(row, [2, 3], [[1]])
 
 
-def test_a_message_after_the_prompt_is_read_before_every_turn_up_to_the_site(tmp_path, tokenizer, base_model) -> None:
+@pytest.mark.parametrize(("sources", "chains"), [((), [None, 0]), (("template",), [None, None])], ids=["one-message", "two-messages"])
+def test_a_message_after_the_prompt_is_read_before_every_turn_up_to_the_site(tmp_path, tokenizer, base_model, sources, chains) -> None:
     """`after_prompt` placement: the teacher reads the message right after the task prompt, then the rollout
-    up to the site; packed, it scores the site's turn as that whole sequence run alone does."""
-    trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))
+    up to the site; packed (sites with one message share a chain of branches), it scores each site's turn
+    as that whole sequence run alone does."""
+    trainer = make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0, hint_placement="after_prompt"))
+    assert not trainer.sdpo.reads_policy_cache  # its rows branch off the prompt: they run with their contexts
     inputs = build_batch(trainer, tokenizer, hinted=[True])
     prompt = inputs["prompt_ids"][0][inputs["prompt_mask"][0].bool()].tolist()
     completion = inputs["completion_ids"][0].tolist()
     mask = (inputs["completion_mask"][0] * inputs["tool_mask"][0]).tolist()
     reports = [TurnReport(1, ()), TurnReport(0, (TurnFailure(ErrorKind.NO_TOOL_CALL, "Call a tool."),))]
-    sites = locate_hint_sites(reports, mask, trainer._hint_template, privileged="A reference solution: print(42)")
+    sites = locate_hint_sites(reports, mask, trainer._hint_template, sources=sources, privileged="A reference solution: print(42)")
     assert [site.turn for site in sites] == [0, 1]  # privileged: the turn that acted without failing too
     header = trainer._hint_template.header_ids
     row = teacher_row(prompt, completion, sites, header, "after_prompt")
-    last = sites[1]
-    (cut, tokens) = row.continuations[1].cut, list(row.continuations[1].token_ids)
-    assert cut == len(prompt) - len(header)
-    assert tokens == [*last.hint_ids, *header, *completion[: last.end]]
-    sequence = [*prompt[:cut], *tokens]
-    turn = last.end - last.start
+    # one chain per message: the message and the rollout up to its first site, then on to the next
+    assert [branch.branch for branch in row.branches] == chains and row.branches[0].cut == len(prompt) - len(header)
+    assert list(row.branches[0].token_ids) == [*sites[0].hint_ids, *header]
+    turns = [site.end - site.start for site in sites]
     with torch.no_grad():
-        packed = trainer.sdpo.teacher_logits([row], [site.end - site.start for site in sites])
-        alone_logits = trainer.model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]
-    torch.testing.assert_close(packed[-turn:], alone_logits, rtol=1e-4, atol=1e-4)
+        packed = trainer.sdpo.teacher_logits([row], turns)
+        expected = []
+        for site, turn in zip(sites, turns):
+            sequence = [*prompt[: len(prompt) - len(header)], *site.hint_ids, *header, *completion[: site.end]]
+            expected.append(trainer.model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1])
+    torch.testing.assert_close(packed, torch.cat(expected), rtol=1e-4, atol=1e-4)
 
 
 def test_the_raw_error_source_quotes_the_tool_answer_at_a_failed_turn(tmp_path, tokenizer, base_model) -> None:

@@ -158,3 +158,19 @@ def test_references_need_the_privileged_token(service_url: str) -> None:
     # the bearer token is still needed first
     answer = httpx.get(f"{service_url}/references/builtin/fizzbuzz", headers={"X-Privileged-Token": PRIVILEGED_TOKEN})
     assert answer.status_code == 401
+
+
+def test_read_after_the_prompt_the_privileged_teacher_trains_too(service_url, tokenizer, base_model, tmp_path) -> None:
+    """The ablation's privileged arm: sibling and reference after the prompt, each rollout's sites one chain."""
+    settings = ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN, privileged_token=PRIVILEGED_TOKEN)
+    trainer = train_scripted(
+        PrivilegedTeacherTrainer, settings, tokenizer, base_model, tmp_path,
+        hint_sources=["sibling", "reference"], hint_placement="after_prompt",
+    )
+    sites = trainer.batches[0]["hint_sites"]
+    assert [[site.turn for site in rollout] for rollout in sites] == [[], [0, 1, 2], [0, 1], [0]]
+    chains = sorted(([branch.branch for branch in row.branches] for row in trainer.teacher_rows), key=len)  # TRL may reorder rows
+    assert chains == [[None], [None, 0], [None, 0, 1]]
+    assert not any(REFERENCE_MARK in trainer.processing_class.decode(context) for context in trainer.sampled_contexts)
+    (entry,) = [e for e in trainer.state.log_history if "sdpo/loss" in e]
+    assert entry["sdpo/loss"] > 0
