@@ -31,21 +31,29 @@ and task, seconds and tokens per step, failures per rollout by kind and step) un
 arm and a seed) checkpoints after every step and keeps its evaluations in results.json, so a rerun with the same
 arguments continues each cell from its last step; it prints the cells still to run. An evaluation episode the service did
 not grade (a sandbox fault) or a training loss that is not finite fails the run.
+
+Across machines (decision 130): `--results FILE` keeps results.json in a file that outlives the machine (a tracked
+one); a later session rebuilds the warm start with the same seeded commands and continues the cells not finished.
+results.json records the setup its cells share (the warm start's and demos' sha256, sizes, tasks, settings, library
+versions), and a rerun of another setup stops before it starts a cell. `--report-only` reports the cells finished so far.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +309,61 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def files_sha256(paths: list[Path]) -> str:
+    """One digest of the files' bytes, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+EPISODE_SETTINGS = (
+    "id_prefix", "tools", "learning_rate", "eval_temperature", "max_completion_length", "max_new_tokens", "max_turns",
+    "backward_batch", "eval_concurrency",
+)
+"""The arguments a cell's figures depend on (besides its arm and seed)."""
+
+
+def run_setup(args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]]) -> dict[str, Any]:
+    """Everything the cells of one ablation share: the warm start's and the demos' bytes, the sizes, the tasks,
+    the episode settings and the learning libraries. Cells are compared (paired by seed and task) only within
+    one setup, so a run that continues results.json on another machine or in another session must rebuild
+    the same warm start (`demos` and `sft` are seeded) with the same libraries."""
+    weights = sorted(args.warm_start.glob("*.safetensors"))
+    if not weights:
+        raise SystemExit(f"{args.warm_start} holds no *.safetensors weights (make it with `coding-train sft`)")
+    return {
+        "warm_start_sha256": files_sha256(weights),
+        "demos_sha256": files_sha256([args.demos]),
+        "mode": mode,
+        "tasks": tasks,
+        "episode": {name: getattr(args, name) for name in EPISODE_SETTINGS},
+        "versions": {package: version(package) for package in ("torch", "transformers", "trl")},
+    }
+
+
+def setup_differences(stored: dict[str, Any] | None, setup: dict[str, Any]) -> list[str]:
+    """The keys of `setup` (one level into dicts) whose values differ from the stored setup's (["setup"] when
+    none was stored: cells of an unknown setup)."""
+    if stored is None:
+        return ["setup"]
+    differ = []
+    for key in sorted(set(stored) | set(setup)):
+        old, new = stored.get(key), setup.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differ += [f"{key}.{name}" for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        elif old != new:
+            differ.append(key)
+    return differ
+
+
+def measured(results: dict[str, Any]) -> bool:
+    """Whether results.json holds any figure: a baseline, a finished cell or a partial one."""
+    return any(results.get(key) for key in ("baseline", "arms", "partial"))
+
+
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """results.json, replaced whole: a run killed while writing keeps the previous one."""
     partial = path.with_suffix(".json.tmp")
@@ -341,7 +404,7 @@ def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> di
         runs = [results["arms"][arm][str(seed)] for seed in seeds if str(seed) in results["arms"][arm]]
         evals = {}
         for step in steps:
-            points = [results["baseline"][str(s)] for s in seeds] if step == 0 else [
+            points = [results["baseline"][str(s)] for s in seeds if str(s) in results["baseline"]] if step == 0 else [
                 point for run in runs for point in run["evals"] if point["step"] == step
             ]
             if not points:
@@ -381,6 +444,32 @@ def paired_differences(results: dict[str, Any], seeds: list[int], steps: list[in
                     "mean": statistics.fmean(pairs), "ci95": list(bootstrap_interval(pairs)), "pairs": len(pairs)
                 }
     return differences
+
+
+REACH_WINDOW = 5
+"""Steps in the trailing mean of the training reward that `steps_to_reach` compares (one step's batch is 4 rollouts)."""
+
+
+def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, Any]:
+    """Per arm, the first step at which its training reward (mean over seeds, trailing mean of `REACH_WINDOW`
+    steps) reaches `against`'s final one (its last `REACH_WINDOW` steps), and that step as a share of
+    `against`'s steps (issue 32's goal for SDPO: half); None where it never does."""
+    def trailing(arm: str) -> list[tuple[int, float]]:
+        series = sorted((int(step), point["mean"]) for step, point in curves[arm]["train"]["reward"].items())
+        return [
+            (step, statistics.fmean(mean for _, mean in series[max(0, i + 1 - REACH_WINDOW) : i + 1]))
+            for i, (step, _) in enumerate(series)
+        ]
+
+    if against not in curves or not curves[against]["train"]["reward"]:
+        return {}
+    baseline = trailing(against)
+    last_step, target = baseline[-1]
+    reached = {}
+    for arm in curves:
+        step = next((step for step, mean in trailing(arm) if mean >= target), None)
+        reached[arm] = {"target": target, "step": step, "share": step / last_step if step is not None else None}
+    return reached
 
 
 def failure_rates(results: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
@@ -453,13 +542,21 @@ def plot(curves: dict[str, Any], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def analysis_tables(differences: dict[str, Any], rates: dict[str, Any], costs: dict[str, Any]) -> str:
-    """The paired differences against GRPO, each arm's cost per step, and its failures per rollout by kind."""
+def analysis_tables(differences: dict[str, Any], reached: dict[str, Any], rates: dict[str, Any], costs: dict[str, Any]) -> str:
+    """The paired differences against GRPO, the steps to reach GRPO's final training reward, each arm's cost per
+    step, and its failures per rollout by kind."""
     lines = ["| arm | step | pass@1 minus GRPO's (paired by seed and task) | pairs |", "|---|---|---|---|"]
     for arm, by_step in differences.items():
         for step, point in by_step.items():
             low, high = point["ci95"]
             lines.append(f"| {arm} | {step} | {point['mean']:+.3f} [{low:+.3f}, {high:+.3f}] | {point['pairs']} |")
+    lines += ["", f"| arm | first step its training reward (trailing {REACH_WINDOW}) reaches GRPO's final | share of GRPO's steps |",
+              "|---|---|---|"]
+    lines += [
+        f"| {arm} | {'never' if r['step'] is None else r['step']} (target {r['target']:.3f}) | "
+        + ("-" if r["share"] is None else f"{r['share']:.2f}") + " |"
+        for arm, r in reached.items()
+    ]
     lines += ["", "| arm | runs | seconds per step | tokens per step |", "|---|---|---|---|"]
     lines += [f"| {arm} | {c['runs']} | {c['seconds_per_step']:.0f} | {c['tokens_per_step']:.0f} |" for arm, c in costs.items()]
     kinds = sorted({kind for by_step in rates.values() for step in by_step.values() for kind, rate in step.items() if rate > 0})
@@ -504,13 +601,22 @@ def main() -> int:
         "--privileged-token", default=os.environ.get("CODING_ENV_PRIVILEGED_TOKEN"),
         help="the service's privileged_token: the reference source of the privileged arm (default: $CODING_ENV_PRIVILEGED_TOKEN)",
     )
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path, help="the cells' checkpoints, pairs.jsonl, the plot and table.md")
+    parser.add_argument(
+        "--results", type=Path,
+        help="results.json (default: under --out): keep it where it outlives the machine (a tracked file) to continue"
+        " an ablation in a later session; it refuses to mix cells of another setup (warm start, sizes, settings)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 4 eval tasks")
     parser.add_argument(
         "--powered", action="store_true",
         help="issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, 64 held-out episodes at steps 0, 10 and 20",
     )
     parser.add_argument("--tiny", action="store_true", help="1 seed, 1 step of 2 rollouts, 2 short turns, 2 eval tasks: every path and check")
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="run no cell: the curves, tables and plot of the cells results.json holds so far (a stopped ablation)",
+    )
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--id-prefix", default="warmup/l1/", help="train and evaluate on warmup tasks whose id starts with this")
     parser.add_argument("--tools", nargs="+", default=["write_file", "bash"], help="the episodes' tools (submit is added); the demos' set")
@@ -566,8 +672,18 @@ def main() -> int:
         "train": random.Random(0).sample(train_pool, mode["train_tasks"]),
         "eval": random.Random(1).sample(held_out, mode["eval_tasks"]),
     }
-    results_path = args.out / "results.json"
+    results_path = args.results or args.out / "results.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if args.report_only:
+        report_cells(results, results_path, args.out, mode["seeds"], args.warm_start.name)
+        return 0
+    setup = run_setup(args, mode, tasks)
+    if measured(results) and (differ := setup_differences(results.get("setup"), setup)):
+        parser.error(
+            f"{results_path} holds cells of another setup (differs in {', '.join(differ)}): rebuild the same warm start"
+            " and settings to continue it, or give another --results"
+        )
+    results["setup"] = setup
 
     from trainer_client.environment import environment_factory
 
@@ -580,6 +696,8 @@ def main() -> int:
             print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
         tasks["frontier"] = results["frontier"]["tasks"]
     results.update({"mode": mode_name, "tasks": tasks})
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
     missing = [
@@ -593,7 +711,8 @@ def main() -> int:
     for seed in mode["seeds"]:
         if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
             model, tokenizer = warm_start(args)
-            results["baseline"][str(seed)] = {"step": 0, **_eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))}
+            point = _eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))
+            results["baseline"][str(seed)] = {"step": 0, **point, "commit": commit or None}
             print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
             write_results(results_path, results)
         for arm in args.arms:
@@ -614,24 +733,33 @@ def main() -> int:
             def save() -> None:
                 write_results(results_path, results)
 
-            results["arms"].setdefault(arm, {})[str(seed)] = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
+            cell = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
+            results["arms"].setdefault(arm, {})[str(seed)] = {**cell, "commit": commit or None}
             del results["partial"][arm][str(seed)]
             if not results["partial"][arm]:
                 del results["partial"][arm]
             save()
 
+    report_cells(results, results_path, args.out, mode["seeds"], args.warm_start.name)
+    return 0
+
+
+def report_cells(results: dict[str, Any], results_path: Path, out: Path, seeds: list[int], warm_start: str) -> None:
+    """The curves and analyses of the cells results.json holds (all of them, or those finished so far) into
+    results.json, learning_curve.png and table.md."""
     steps = sorted({0, *(point["step"] for arm in results["arms"].values() for run in arm.values() for point in run["evals"])})
     results["steps"] = steps
-    curves = aggregate(results, mode["seeds"], steps)
+    curves = aggregate(results, seeds, steps)
     results["curves"] = curves
-    differences, rates, costs = paired_differences(results, mode["seeds"], steps), failure_rates(results, mode["seeds"]), step_costs(results)
-    results.update({"paired_differences": differences, "failure_rates": rates, "step_costs": costs})
+    differences, rates, costs = paired_differences(results, seeds, steps), failure_rates(results, seeds), step_costs(results)
+    reached = steps_to_reach(curves)
+    results.update({"paired_differences": differences, "steps_to_reach": reached, "failure_rates": rates, "step_costs": costs})
     write_results(results_path, results)
-    plot(curves, args.out / "learning_curve.png", f"warm-started {args.warm_start.name}: {len(mode['seeds'])} seed(s), {steps[-1]} steps")
-    report = table(curves, steps) + "\n\n" + analysis_tables(differences, rates, costs)
-    (args.out / "table.md").write_text(report + "\n")
-    print(report)
-    return 0
+    cells = sum(len(runs) for runs in results["arms"].values())
+    plot(curves, out / "learning_curve.png", f"warm-started {warm_start}: {cells} cell(s) of {len(seeds)} seed(s), {steps[-1]} steps")
+    text = table(curves, steps) + "\n\n" + analysis_tables(differences, reached, rates, costs)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

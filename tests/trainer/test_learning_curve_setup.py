@@ -1,0 +1,72 @@
+"""The powered ablation (benchmarks/learning_curve.py) outlives a session only through results.json: these
+tests hold that a rerun never mixes cells of another setup into it, and that its analyses read what it holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import learning_curve  # noqa: E402
+
+
+def _setup(**changes: object) -> dict[str, object]:
+    setup: dict[str, object] = {
+        "warm_start_sha256": "a" * 64,
+        "demos_sha256": "b" * 64,
+        "mode": {"seeds": [0, 1, 2], "steps": 20},
+        "tasks": {"train": ["warmup/l1/x"], "eval": ["warmup/l1/y"]},
+        "episode": {"learning_rate": 1e-5, "max_turns": 7},
+        "versions": {"torch": "2.13.0", "transformers": "5.23.0", "trl": "1.16.0"},
+    }
+    setup.update(changes)
+    return setup
+
+
+def test_a_setup_differs_in_exactly_what_changed() -> None:
+    assert learning_curve.setup_differences(_setup(), _setup()) == []
+    changed = _setup(warm_start_sha256="c" * 64, episode={"learning_rate": 2e-5, "max_turns": 7})
+    assert learning_curve.setup_differences(_setup(), changed) == ["episode.learning_rate", "warm_start_sha256"]
+    assert learning_curve.setup_differences(None, _setup()) == ["setup"]
+
+
+def test_steps_to_reach_grpos_final_reward() -> None:
+    def curve(rewards: list[float]) -> dict[str, object]:
+        return {"train": {"reward": {step: {"mean": reward} for step, reward in enumerate(rewards, start=1)}}}
+
+    grpo = [0.0] * 10 + [0.5] * 10  # final trailing mean 0.5, over steps 16-20
+    faster = [0.0] * 3 + [1.0] * 17  # trailing means 0.25, 0.4, 0.6 at steps 4-6
+    never = [0.1] * 20
+    reached = learning_curve.steps_to_reach({"grpo": curve(grpo), "fast": curve(faster), "never": curve(never)})
+    assert reached["grpo"]["step"] == 15 and reached["grpo"]["target"] == pytest.approx(0.5)
+    assert reached["fast"] == {"target": pytest.approx(0.5), "step": 6, "share": pytest.approx(0.3)}
+    assert reached["never"]["step"] is None and reached["never"]["share"] is None
+
+
+def test_a_rerun_refuses_results_of_another_warm_start(tmp_path: Path) -> None:
+    """A later session that rebuilt a different warm start (or changed a size) must not add its cells to the
+    stored ones: the run stops before it starts a cell, naming what differs, and the file is left as it was."""
+    warm = tmp_path / "sft_l1"
+    warm.mkdir()
+    (warm / "model.safetensors").write_bytes(b"weights of another SFT run")
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("")
+    results = tmp_path / "kept" / "results.json"
+    results.parent.mkdir()
+    stored = {"setup": _setup(), "baseline": {"0": {"step": 0, "pass@1": 0.3}}, "arms": {}}
+    results.write_text(json.dumps(stored))
+    run = subprocess.run(
+        [sys.executable, "benchmarks/learning_curve.py", "--powered", "--warm-start", str(warm), "--demos", str(demos),
+         "--env-url", "http://127.0.0.1:9", "--out", str(tmp_path / "out"), "--results", str(results), "--arms", "grpo"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "holds cells of another setup" in run.stderr
+    for key in ("warm_start_sha256", "demos_sha256", "episode.eval_concurrency"):
+        assert key in run.stderr
+    assert json.loads(results.read_text()) == stored
