@@ -35,7 +35,9 @@ not grade (a sandbox fault) or a training loss that is not finite fails the run.
 Across machines (decision 130): `--results FILE` keeps results.json in a file that outlives the machine (a tracked
 one); a later session rebuilds the warm start with the same seeded commands and continues the cells not finished.
 results.json records the setup its cells share (the warm start's and demos' sha256, sizes, tasks, settings, library
-versions), and a rerun of another setup stops before it starts a cell. `--report-only` reports the cells finished so far.
+versions), and a rerun of another setup stops before it starts a cell. `--within SECONDS` starts no baseline or cell
+expected (from those measured) to end later, so a session stops with its cells whole; `--report-only` reports the
+cells finished so far.
 """
 
 from __future__ import annotations
@@ -364,6 +366,20 @@ def measured(results: dict[str, Any]) -> bool:
     return any(results.get(key) for key in ("baseline", "arms", "partial"))
 
 
+def expected_seconds(results: dict[str, Any], arm: str | None) -> float | None:
+    """What the next baseline (`arm` None) or cell of `arm` is expected to take: the mean of those already
+    measured (a cell's training and evaluations, resumed parts included; another arm's when `arm` has none)."""
+    if arm is None:
+        values = [point["seconds"] for point in results["baseline"].values()]
+    else:
+        def cost(run: dict[str, Any]) -> float:
+            return run["train_seconds"] + sum(point["seconds"] for point in run["evals"])
+
+        values = [cost(run) for run in results["arms"].get(arm, {}).values()]
+        values = values or [cost(run) for runs in results["arms"].values() for run in runs.values()]
+    return statistics.fmean(values) if values else None
+
+
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """results.json, replaced whole: a run killed while writing keeps the previous one."""
     partial = path.with_suffix(".json.tmp")
@@ -591,6 +607,59 @@ def table(curves: dict[str, Any], steps: list[int]) -> str:
     return "\n".join(lines)
 
 
+def run_cells(
+    results: dict[str, Any], results_path: Path, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]],
+    pairs: Path, factory: Any, commit: str | None,
+) -> None:
+    """The baselines and cells results.json lacks, seed by seed, each seed's arms in --arms order, each saved as it
+    ends; stops before one that is not expected to end within --within."""
+    started = time.perf_counter()
+
+    def fits(what: str, arm: str | None) -> bool:
+        """Whether `what` is expected to end within --within (an unknown cost is taken to fit)."""
+        expected = expected_seconds(results, arm)
+        left = None if args.within is None else args.within - (time.perf_counter() - started)
+        if left is None or expected is None or expected <= left:
+            return True
+        print(f"stopping before {what}: it takes about {expected:.0f} s, {max(left, 0):.0f} s are left (--within)", flush=True)
+        return False
+
+    def save() -> None:
+        write_results(results_path, results)
+
+    for seed in mode["seeds"]:
+        if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
+            if not fits(f"seed {seed}'s baseline", None):
+                return
+            model, tokenizer = warm_start(args)
+            point = _eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))
+            results["baseline"][str(seed)] = {"step": 0, **point, "commit": commit}
+            print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
+            save()
+        for arm in args.arms:
+            if str(seed) in results["arms"].get(arm, {}):
+                continue  # resumable: a finished run is kept
+            if not fits(f"{arm} seed {seed}", arm):
+                return
+            done = [run.get("steps", mode["steps"]) for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
+            seconds = None
+            if args.time_budget is not None and not done:
+                # This seed's share of what is left, less one evaluation per arm (timed by the baseline's).
+                seeds_left = len(mode["seeds"]) - mode["seeds"].index(seed)
+                evaluation = results["baseline"][str(seed)]["seconds"]
+                share = (args.time_budget - (time.perf_counter() - started)) / seeds_left
+                seconds = max(0.0, (share - len(args.arms) * 1.25 * evaluation) / len(args.arms))
+            print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
+            max_steps = done[0] if done else mode["steps"]
+            partial = results.setdefault("partial", {}).setdefault(arm, {}).setdefault(str(seed), {})
+            cell = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
+            results["arms"].setdefault(arm, {})[str(seed)] = {**cell, "commit": commit}
+            del results["partial"][arm][str(seed)]
+            if not results["partial"][arm]:
+                del results["partial"][arm]
+            save()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--warm-start", required=True, type=Path, help="SFT checkpoint directory (coding-train sft)")
@@ -613,6 +682,11 @@ def main() -> int:
         help="issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, 64 held-out episodes at steps 0, 10 and 20",
     )
     parser.add_argument("--tiny", action="store_true", help="1 seed, 1 step of 2 rollouts, 2 short turns, 2 eval tasks: every path and check")
+    parser.add_argument(
+        "--within", type=float, metavar="SECONDS",
+        help="start no baseline or cell expected (from those measured) to end later than this many seconds from now;"
+        " then report the finished ones: a session's share of a long ablation, leaving the machine free after it",
+    )
     parser.add_argument(
         "--report-only", action="store_true",
         help="run no cell: the curves, tables and plot of the cells results.json holds so far (a stopped ablation)",
@@ -707,38 +781,7 @@ def main() -> int:
         if str(seed) not in results["arms"].get(arm, {})
     ]
     print(f"cells to run ({len(missing)}): {', '.join(missing) or 'none'}", flush=True)
-    started = time.perf_counter()
-    for seed in mode["seeds"]:
-        if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
-            model, tokenizer = warm_start(args)
-            point = _eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))
-            results["baseline"][str(seed)] = {"step": 0, **point, "commit": commit or None}
-            print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
-            write_results(results_path, results)
-        for arm in args.arms:
-            if str(seed) in results["arms"].get(arm, {}):
-                continue  # resumable: a finished run is kept
-            done = [run.get("steps", mode["steps"]) for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
-            seconds = None
-            if args.time_budget is not None and not done:
-                # This seed's share of what is left, less one evaluation per arm (timed by the baseline's).
-                seeds_left = len(mode["seeds"]) - mode["seeds"].index(seed)
-                evaluation = results["baseline"][str(seed)]["seconds"]
-                share = (args.time_budget - (time.perf_counter() - started)) / seeds_left
-                seconds = max(0.0, (share - len(args.arms) * 1.25 * evaluation) / len(args.arms))
-            print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
-            max_steps = done[0] if done else mode["steps"]
-            partial = results.setdefault("partial", {}).setdefault(arm, {}).setdefault(str(seed), {})
-
-            def save() -> None:
-                write_results(results_path, results)
-
-            cell = run_arm(arm, seed, args, mode, tasks, pairs, max_steps, seconds, partial, save)
-            results["arms"].setdefault(arm, {})[str(seed)] = {**cell, "commit": commit or None}
-            del results["partial"][arm][str(seed)]
-            if not results["partial"][arm]:
-                del results["partial"][arm]
-            save()
+    run_cells(results, results_path, args, mode, tasks, pairs, factory, commit or None)
 
     report_cells(results, results_path, args.out, mode["seeds"], args.warm_start.name)
     return 0

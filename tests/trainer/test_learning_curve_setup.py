@@ -3,6 +3,7 @@ tests hold that a rerun never mixes cells of another setup into it, and that its
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -70,3 +71,32 @@ def test_a_rerun_refuses_results_of_another_warm_start(tmp_path: Path) -> None:
     for key in ("warm_start_sha256", "demos_sha256", "episode.eval_concurrency"):
         assert key in run.stderr
     assert json.loads(results.read_text()) == stored
+
+
+def _finished_cell(train_seconds: float, eval_seconds: list[float]) -> dict[str, object]:
+    return {"train_seconds": train_seconds, "evals": [{"step": 10 * (i + 1), "seconds": s} for i, s in enumerate(eval_seconds)]}
+
+
+def test_expected_seconds_come_from_what_was_measured() -> None:
+    results = {"baseline": {"0": {"seconds": 700.0}, "1": {"seconds": 900.0}},
+               "arms": {"grpo": {"0": _finished_cell(2000.0, [800.0, 800.0])}}}
+    assert learning_curve.expected_seconds(results, None) == 800.0
+    assert learning_curve.expected_seconds(results, "grpo") == 3600.0
+    assert learning_curve.expected_seconds(results, "grpo+sdpo") == 3600.0  # no cell of its own yet: another arm's
+    assert learning_curve.expected_seconds({"baseline": {}, "arms": {}}, "grpo") is None
+
+
+@pytest.mark.parametrize(
+    ("baselines", "stops_before"), [(["0"], "seed 1's baseline"), (["0", "1"], "grpo seed 1")]
+)
+def test_within_starts_nothing_that_would_not_end_in_time(
+    baselines: list[str], stops_before: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a seed's cell done and 10 s left, the next baseline (about 800 s) or cell (3,600 s) is not started."""
+    results = {"baseline": {seed: {"seconds": 800.0} for seed in baselines}, "arms": {"grpo": {"0": _finished_cell(2000.0, [800.0, 800.0])}}}
+    before = json.dumps(results)
+    args = argparse.Namespace(within=10.0, arms=["grpo"], time_budget=None)
+    mode = {"seeds": [0, 1], "steps": 20}
+    learning_curve.run_cells(results, tmp_path / "results.json", args, mode, {"train": [], "eval": []}, tmp_path / "pairs.jsonl", None, None)
+    assert f"stopping before {stops_before}: it takes about" in capsys.readouterr().out
+    assert json.dumps(results) == before and not (tmp_path / "results.json").exists()
