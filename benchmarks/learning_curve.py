@@ -420,7 +420,8 @@ def aggregate(results: dict[str, Any], seeds: list[int], steps: list[int]) -> di
         runs = [results["arms"][arm][str(seed)] for seed in seeds if str(seed) in results["arms"][arm]]
         evals = {}
         for step in steps:
-            points = [results["baseline"][str(s)] for s in seeds if str(s) in results["baseline"]] if step == 0 else [
+            # step 0: the baselines of the seeds this arm has cells of, so that every point averages the same seeds
+            points = [results["baseline"][str(s)] for s in seeds if str(s) in results["arms"][arm]] if step == 0 else [
                 point for run in runs for point in run["evals"] if point["step"] == step
             ]
             if not points:
@@ -720,7 +721,8 @@ def main() -> int:
         kind = int if not isinstance(value, list) else None
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+" if kind is None else None, help=f"overrides the mode's {name}")
     args = parser.parse_args()
-    if any("reference" in ARMS[arm].get("hint_sources", ()) for arm in args.arms) and not args.privileged_token:
+    privileged = any("reference" in ARMS[arm].get("hint_sources", ()) for arm in args.arms)
+    if privileged and not args.privileged_token and not args.report_only:
         parser.error("the grpo+sdpo(sibling+reference) arm needs --privileged-token (or leave it out with --arms)")
 
     from env_server.tasks import default_registry

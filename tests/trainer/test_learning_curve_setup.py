@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,41 @@ def test_within_starts_nothing_that_would_not_end_in_time(
     learning_curve.run_cells(results, tmp_path / "results.json", args, mode, {"train": [], "eval": []}, tmp_path / "pairs.jsonl", None, None)
     assert f"stopping before {stops_before}: it takes about" in capsys.readouterr().out
     assert json.dumps(results) == before and not (tmp_path / "results.json").exists()
+
+
+def test_an_arms_start_averages_the_seeds_it_has_cells_of() -> None:
+    """A baseline measured for a seed no cell of the arm has run yet is not in that arm's step 0."""
+    def point(value: float) -> dict[str, float]:
+        return {"pass@1": value, "valid_call_rate": 1.0, "mean_reward": value}
+
+    results = {
+        "baseline": {"0": point(0.3), "1": point(0.1)},
+        "arms": {"grpo": {"0": {"evals": [{"step": 10, **point(0.4)}], "train": []}}},
+    }
+    curve = learning_curve.aggregate(results, [0, 1, 2], [0, 10])["grpo"]["evals"]
+    assert curve[0]["pass@1"] == {"mean": 0.3, "ci95": None, "seeds": 1}
+    assert curve[10]["pass@1"]["mean"] == 0.4
+
+
+def test_report_only_reports_the_finished_cells_without_a_service_or_token(tmp_path: Path) -> None:
+    """A stopped ablation's report: the table and plot of what results.json holds, nothing run (the env URL is
+    unreachable), no privileged token needed although the default arms include the privileged one."""
+    warm, demos = tmp_path / "sft_l1", tmp_path / "demos.jsonl"
+    warm.mkdir()
+    demos.write_text("")
+    point = {"pass@1": 0.25, "valid_call_rate": 1.0, "mean_reward": 0.25, "per_task": {"warmup/l1/y": 0.25}, "seconds": 1.0}
+    cell = {
+        "evals": [{"step": 2, **point}], "steps": 2, "rollouts_per_step": 4, "train_seconds": 10.0,
+        "train": [{"step": 1, "reward": 0.0, "num_tokens": 100}, {"step": 2, "reward": 0.5, "num_tokens": 200}],
+    }
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"baseline": {"0": {"step": 0, **point}}, "arms": {"grpo": {"0": cell}}}))
+    run = subprocess.run(
+        [sys.executable, "benchmarks/learning_curve.py", "--powered", "--report-only", "--warm-start", str(warm),
+         "--demos", str(demos), "--env-url", "http://127.0.0.1:9", "--out", str(tmp_path / "out"), "--results", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "CODING_ENV_PRIVILEGED_TOKEN"},
+    )
+    assert run.returncode == 0, run.stderr
+    assert "| grpo | 2 | 0.250 |" in (tmp_path / "out" / "table.md").read_text()
+    assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
+    assert json.loads(results.read_text())["steps_to_reach"]["grpo"]["step"] == 2
