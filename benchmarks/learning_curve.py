@@ -613,7 +613,8 @@ def run_cells(
     pairs: Path, factory: Any, commit: str | None,
 ) -> None:
     """The baselines and cells results.json lacks, seed by seed, each seed's arms in --arms order, each saved as it
-    ends; stops before one that is not expected to end within --within."""
+    ends. None is started that is not expected to end within --within: a baseline that does not fit ends the run,
+    a cell that does not fit leaves its seed's other cells for another run (a later baseline may still fit)."""
     started = time.perf_counter()
 
     def fits(what: str, arm: str | None) -> bool:
@@ -641,7 +642,7 @@ def run_cells(
             if str(seed) in results["arms"].get(arm, {}):
                 continue  # resumable: a finished run is kept
             if not fits(f"{arm} seed {seed}", arm):
-                return
+                break  # this seed's cells wait for another run; a later seed's baseline may still fit
             done = [run.get("steps", mode["steps"]) for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
             seconds = None
             if args.time_budget is not None and not done:
