@@ -734,6 +734,12 @@ def main() -> int:
     if args.tiny:
         vars(args).update(TINY_EPISODES)
     args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.results or args.out / "results.json"
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if args.report_only:  # reads nothing but results.json: no tasks, demos or service
+        report_cells(results, results_path, args.out, mode["seeds"], args.warm_start.name)
+        return 0
     registry = default_registry()
     demos = read_demos(args.demos)
     demo_ids = {demo.task_id for demo in demos}
@@ -749,11 +755,6 @@ def main() -> int:
         "train": random.Random(0).sample(train_pool, mode["train_tasks"]),
         "eval": random.Random(1).sample(held_out, mode["eval_tasks"]),
     }
-    results_path = args.results or args.out / "results.json"
-    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
-    if args.report_only:
-        report_cells(results, results_path, args.out, mode["seeds"], args.warm_start.name)
-        return 0
     setup = run_setup(args, mode, tasks)
     if measured(results) and (differ := setup_differences(results.get("setup"), setup)):
         parser.error(
@@ -773,7 +774,6 @@ def main() -> int:
             print(f"frontier: {len(results['frontier']['tasks'])} of {len(tasks['train'])} tasks in {results['frontier']['seconds']:.0f} s", flush=True)
         tasks["frontier"] = results["frontier"]["tasks"]
     results.update({"mode": mode_name, "tasks": tasks})
-    results_path.parent.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     results.setdefault("baseline", {})
     results.setdefault("arms", {})
