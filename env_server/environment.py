@@ -16,33 +16,25 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.mcp_types import ListToolsObservation, ToolError, ToolErrorType
+from openenv.core.env_server.mcp_types import ListToolsObservation
 from openenv.core.env_server.mcp_types import Tool as McpTool
 from openenv.core.env_server.types import EnvironmentMetadata, Observation
 from pydantic import ValidationError
 
 from env_server.call_runner import CallRunner
-from env_server.episode import Episode, episode_tools
+from env_server.episode import Episode, episode_tool_call_format, episode_tools
+from env_server.error_kinds import openenv_tool_error
 from env_server.forking import continued_episode, fork_sandboxes
 from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
-from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, ErrorKind, TaskSpec
+from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, TaskSpec
 from env_server.openenv_models import AnyAction, CodingObservation, CodingResetObservation, CodingState, ListToolsStep
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
-from env_server.tool_call_parser import TOOL_CALL_FAMILIES
 from env_server.tools import TOOLS, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
-
-# Kinds that are failures of the call itself, not of the tool: OpenEnv clients see them in `error`.
-FRAMEWORK_ERRORS: dict[ErrorKind, ToolErrorType] = {
-    ErrorKind.TOOL_NOT_FOUND: ToolErrorType.TOOL_NOT_FOUND,
-    ErrorKind.JSON_DECODE: ToolErrorType.INVALID_ARGS,
-    ErrorKind.TYPE_ERROR: ToolErrorType.INVALID_ARGS,
-    ErrorKind.SANDBOX_ERROR: ToolErrorType.TRANSPORT_ERROR,
-}
 
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     """One session's environment. Not thread-safe: the session manager serialises calls."""
@@ -93,12 +85,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         protocol: int = DEFAULT_PROTOCOL_VERSION,
         **_: Any,
     ) -> CodingResetObservation:
-        if tool_call_format is not None and tool_call_format not in TOOL_CALL_FAMILIES:
-            raise ServiceError(
-                ApiErrorCode.INVALID_REQUEST,
-                f"unknown tool_call_format {tool_call_format!r}; one of: {', '.join(TOOL_CALL_FAMILIES)} (or null to detect it)",
-                {"tool_call_format": tool_call_format, "allowed": list(TOOL_CALL_FAMILIES)},
-            )
+        tool_call_format = episode_tool_call_format(tool_call_format)
         tool_names = episode_tools(tools)
         spec = self._resolve_task(task_id, task, seed)
         if self._episode is not None:
@@ -135,10 +122,9 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         started_at = time.time()
         run = self._runner.run(action, episode)
         result, outcome = run.result, run.outcome
-        kind = result.error_kind
         observation = CodingObservation(
             **dict(result),
-            error=ToolError(error_type=FRAMEWORK_ERRORS[kind], message=run.lead.output) if kind in FRAMEWORK_ERRORS else None,
+            error=openenv_tool_error(result.error_kind, run.lead.output),
             done=outcome.done,
             reward=outcome.reward,
             metadata=run.metadata,

@@ -20,6 +20,7 @@ from typing import Any
 from env_server.error_kinds import FailureStreak
 from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, MonitorFlag, StepObservation, TaskSpec, TrajectoryStep
 from env_server.service_errors import ServiceError
+from env_server.tool_call_parser import TOOL_CALL_FAMILIES
 from env_server.tools import TOOL_SCHEMAS, TOOLS, CallOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
@@ -197,6 +198,17 @@ def episode_tools(names: Sequence[str] | None) -> tuple[str, ...]:
             {"tools": list(names), "allowed": list(TOOLS)},
         )
     return tuple(name for name in TOOLS if name in names or name == "submit")
+
+
+def episode_tool_call_format(name: str | None) -> str | None:
+    """The tool-call parser family reset pinned (None: detected per message), checked against the known ones."""
+    if name is not None and name not in TOOL_CALL_FAMILIES:
+        raise ServiceError(
+            ApiErrorCode.INVALID_REQUEST,
+            f"unknown tool_call_format {name!r}; one of: {', '.join(TOOL_CALL_FAMILIES)} (or null to detect it)",
+            {"tool_call_format": name, "allowed": list(TOOL_CALL_FAMILIES)},
+        )
+    return name
 
 
 def ending(outcome: CallOutcome) -> EpisodeEnding:
