@@ -470,9 +470,14 @@ REACH_WINDOW = 5
 def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, Any]:
     """Per arm, the first step at which its training reward (mean over seeds, trailing mean of `REACH_WINDOW`
     steps) reaches `against`'s final one (its last `REACH_WINDOW` steps), and that step as a share of
-    `against`'s steps (issue 32's goal for SDPO: half); None where it never does."""
+    `against`'s steps (issue 32's goal for SDPO: half); None where it never does. Undefined (step None, with
+    the reason) when `against`'s final reward is not above its first `REACH_WINDOW` steps': reaching a level
+    GRPO started at says nothing about learning faster."""
+    def rewards(arm: str) -> list[tuple[int, float]]:
+        return sorted((int(step), point["mean"]) for step, point in curves[arm]["train"]["reward"].items())
+
     def trailing(arm: str) -> list[tuple[int, float]]:
-        series = sorted((int(step), point["mean"]) for step, point in curves[arm]["train"]["reward"].items())
+        series = rewards(arm)
         return [
             (step, statistics.fmean(mean for _, mean in series[max(0, i + 1 - REACH_WINDOW) : i + 1]))
             for i, (step, _) in enumerate(series)
@@ -482,6 +487,10 @@ def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, A
         return {}
     baseline = trailing(against)
     last_step, target = baseline[-1]
+    start = statistics.fmean(mean for _, mean in rewards(against)[:REACH_WINDOW])
+    if target <= start:
+        why = f"{against}'s training reward did not rise (first {REACH_WINDOW} steps {start:.3f}, last {REACH_WINDOW} {target:.3f})"
+        return {arm: {"target": target, "step": None, "share": None, "undefined": why} for arm in curves}
     reached = {}
     for arm in curves:
         step = next((step for step, mean in trailing(arm) if mean >= target), None)
@@ -570,7 +579,7 @@ def analysis_tables(differences: dict[str, Any], reached: dict[str, Any], rates:
     lines += ["", f"| arm | first step its training reward (trailing {REACH_WINDOW}) reaches GRPO's final | share of GRPO's steps |",
               "|---|---|---|"]
     lines += [
-        f"| {arm} | {'never' if r['step'] is None else r['step']} (target {r['target']:.3f}) | "
+        f"| {arm} | {r.get('undefined') or ('never' if r['step'] is None else r['step'])} (target {r['target']:.3f}) | "
         + ("-" if r["share"] is None else f"{r['share']:.2f}") + " |"
         for arm, r in reached.items()
     ]

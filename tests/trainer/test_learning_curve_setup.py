@@ -50,6 +50,17 @@ def test_steps_to_reach_grpos_final_reward() -> None:
     assert reached["never"]["step"] is None and reached["never"]["share"] is None
 
 
+def test_steps_to_reach_is_undefined_when_grpo_did_not_learn() -> None:
+    """GRPO ending where it started (the 135M ablation's first cell: training reward 0 at the end) sets no level
+    worth reaching: every arm would "reach" it at step 1."""
+    def curve(rewards: list[float]) -> dict[str, object]:
+        return {"train": {"reward": {str(step): {"mean": reward} for step, reward in enumerate(rewards, start=1)}}}
+
+    reached = learning_curve.steps_to_reach({"grpo": curve([0.25, 0.0] * 10), "sdpo": curve([0.5] * 20)})
+    assert reached["sdpo"]["step"] is None and reached["sdpo"]["share"] is None
+    assert "did not rise" in reached["sdpo"]["undefined"] and "did not rise" in reached["grpo"]["undefined"]
+
+
 def test_a_rerun_refuses_results_of_another_warm_start(tmp_path: Path) -> None:
     """A later session that rebuilt a different warm start (or changed a size) must not add its cells to the
     stored ones: the run stops before it starts a cell, naming what differs, and the file is left as it was."""
@@ -141,4 +152,5 @@ def test_report_only_reports_the_finished_cells_without_a_service_or_token(tmp_p
     assert run.returncode == 0, run.stderr
     assert "| grpo | 2 | 0.250 |" in (tmp_path / "out" / "table.md").read_text()
     assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
-    assert json.loads(results.read_text())["steps_to_reach"]["grpo"]["step"] == 2
+    # two steps: GRPO's first and last windows are the same steps, so there is no rise to reach
+    assert "did not rise" in json.loads(results.read_text())["steps_to_reach"]["grpo"]["undefined"]
