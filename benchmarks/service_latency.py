@@ -5,7 +5,9 @@
 Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
 1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
 2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), and
-   the service overhead = step p50 - baseline p50;
+   the service overhead = step p50 - baseline p50; with the service process's CPU per step (user +
+   system, all threads), against the baseline's CPU per exec in this process: unlike latency, a figure
+   a busy machine moves little, so it can be compared while something else runs;
 3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
 4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
 Every timed reply is checked: a refused or failed step, reset or exec fails the run. `--tiny`: a few
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -43,9 +46,23 @@ MAX_STEPS = 1000
 TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": MAX_STEPS}}}
 
 
-def report(name: str, samples_ms: list[float]) -> float:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far, all its threads (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_with_cpu_ms(action: Callable[[], object], repeat: int, pid: int) -> tuple[list[float], float]:
+    """`timed_ms(action, repeat)`, and the CPU milliseconds process `pid` used per call meanwhile."""
+    before = process_cpu_s(pid)
+    samples = timed_ms(action, repeat)
+    return samples, (process_cpu_s(pid) - before) * 1000 / repeat
+
+
+def report(name: str, samples_ms: list[float], cpu_ms: float | None = None) -> float:
     p50 = statistics.median(samples_ms)
-    print(f"{name:<38} n={len(samples_ms):<5} p50={p50:8.2f} ms  p99={percentile(samples_ms, 0.99):8.2f} ms")
+    cpu = "" if cpu_ms is None else f"  CPU {cpu_ms:.2f} ms each"
+    print(f"{name:<38} n={len(samples_ms):<5} p50={p50:8.2f} ms  p99={percentile(samples_ms, 0.99):8.2f} ms{cpu}")
     return p50
 
 
@@ -94,10 +111,10 @@ def wait_pool(http: httpx.Client, ready: int) -> None:
 def bench_baseline(steps: int, warm_up: int) -> float:
     with open_sandbox(SandboxSpec()) as sandbox:
         timed_ms(lambda: checked_exec(sandbox, "true"), warm_up)
-        return report("sandbox exec `true` (baseline)", timed_ms(lambda: checked_exec(sandbox, "true"), steps))
+        return report("sandbox exec `true` (baseline)", *timed_with_cpu_ms(lambda: checked_exec(sandbox, "true"), steps, os.getpid()))
 
 
-def bench_websocket(address: str, steps: int, warm_up: int) -> float:
+def bench_websocket(address: str, steps: int, warm_up: int, service_pid: int) -> float:
     with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
         ws.send(json.dumps({"type": "reset", "data": TASK}))
         if json.loads(ws.recv())["type"] != "observation":
@@ -111,10 +128,10 @@ def bench_websocket(address: str, steps: int, warm_up: int) -> float:
             checked_step(frame["data"])
 
         timed_ms(step, warm_up)
-        return report("step `bash true` via WebSocket", timed_ms(step, steps))
+        return report("step `bash true` via WebSocket", *timed_with_cpu_ms(step, steps, service_pid))
 
 
-def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_up: int) -> float:
+def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_up: int, service_pid: int) -> float:
     session_id = http.post("/sessions").raise_for_status().json()["session_id"]
     http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
     # A keep-alive stdlib connection: a thin client, so the figure is the service's, not httpx's.
@@ -131,7 +148,7 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_u
         checked_step(json.loads(answer))
 
     timed_ms(step, warm_up)
-    p50 = report("step `bash true` via HTTP session", timed_ms(step, steps))
+    p50 = report("step `bash true` via HTTP session", *timed_with_cpu_ms(step, steps, service_pid))
     connection.close()
     reset_samples = []
     for _ in range(resets):
@@ -208,8 +225,8 @@ def main() -> None:
         with httpx.Client(base_url=f"http://{address}", timeout=300) as http:
             wait_pool(http, args.pool_size)
             baseline = bench_baseline(args.steps, args.warm_up)
-            ws_p50 = bench_websocket(address, args.steps, args.warm_up)
-            http_p50 = bench_http(http, address, args.steps, args.resets, args.warm_up)
+            ws_p50 = bench_websocket(address, args.steps, args.warm_up, process.pid)
+            http_p50 = bench_http(http, address, args.steps, args.resets, args.warm_up, process.pid)
             print(f"service overhead over raw exec (p50): WebSocket {ws_p50 - baseline:+.2f} ms "
                   f"({ws_p50 / baseline:.2f}x), HTTP {http_p50 - baseline:+.2f} ms ({http_p50 / baseline:.2f}x)")
         if args.sessions:
