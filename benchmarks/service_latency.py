@@ -5,9 +5,9 @@
 Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
 1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
 2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), and
-   the service overhead = step p50 - baseline p50; with the service process's CPU per step (user +
-   system, all threads), against the baseline's CPU per exec in this process: unlike latency, a figure
-   a busy machine moves little, so it can be compared while something else runs;
+   the service overhead = step p50 - baseline p50; beside each, the CPU it cost (user + system, all
+   threads): the service process's per step, this process's per baseline exec (a busy VM inflates CPU
+   time too, by the same factor for both when measured together, so compare their ratio);
 3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
 4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
 Every timed reply is checked: a refused or failed step, reset or exec fails the run. `--tiny`: a few
