@@ -103,6 +103,9 @@ TRAIN_KEYS = (
     "policy/tool_calls",
     "policy/valid_call_rate",
     "loss",
+    "grad_norm",
+    "entropy",
+    "sdpo/jsd",
     "step_time",
     "num_tokens",
 )
@@ -600,10 +603,11 @@ def table(curves: dict[str, Any], steps: list[int]) -> str:
             return f"{point['mean']:.3f}"
         return f"{point['mean']:.3f} [{point['ci95'][0]:.3f}, {point['ci95'][1]:.3f}]"
 
-    train_keys = ("reward", "reward/groups_with_variance", "sdpo/hint_sites")
+    train_keys = ("reward", "reward/groups_with_variance", "sdpo/hint_sites", "entropy")
     lines = [
-        "| arm | step | pass@1 | valid-call rate | eval reward | train reward | groups with reward variance | hint sites / batch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | step | pass@1 | valid-call rate | eval reward | train reward | groups with reward variance | hint sites / batch "
+        "| policy entropy (nats/token) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, curve in curves.items():
         for step in (step for step in steps if step in curve["evals"]):
