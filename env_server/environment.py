@@ -36,6 +36,7 @@ from env_server.tools import TOOLS, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
+
 class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
     """One session's environment. Not thread-safe: the session manager serialises calls."""
 

@@ -84,7 +84,7 @@ OPENENV_TOOL_ERRORS: dict[ErrorKind, ToolErrorType] = {
 def openenv_tool_error(kind: ErrorKind | None, message: str) -> ToolError | None:
     """The observation's OpenEnv `error` for a step whose lead call failed with `kind`: set only when the call
     itself failed (OpenEnv clients read tool failures from the output)."""
-    error_type = OPENENV_TOOL_ERRORS.get(kind) if kind is not None else None
+    error_type = OPENENV_TOOL_ERRORS.get(kind) if kind else None
     return ToolError(error_type=error_type, message=message) if error_type is not None else None
 
 
