@@ -472,10 +472,11 @@ REACH_WINDOW = 5
 
 def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, Any]:
     """Per arm, the first step at which its training reward (mean over seeds, trailing mean of `REACH_WINDOW`
-    steps) reaches `against`'s final one (its last `REACH_WINDOW` steps), and that step as a share of
-    `against`'s steps (issue 32's goal for SDPO: half); None where it never does. Undefined (step None, with
-    the reason) when `against`'s final reward is not above its first `REACH_WINDOW` steps': reaching a level
-    GRPO started at says nothing about learning faster."""
+    steps, from the first full window on: one noisy step is not a level reached) reaches `against`'s final one
+    (its last `REACH_WINDOW` steps), and that step as a share of `against`'s steps (issue 32's goal for SDPO:
+    half); None where it never does. Undefined (step None, with the reason) when `against`'s final reward is
+    not above its first `REACH_WINDOW` steps': reaching a level GRPO started at says nothing about learning
+    faster. `curves` must average the same seeds for every arm (`steps_to_reach_by_seeds`)."""
     def rewards(arm: str) -> list[tuple[int, float]]:
         return sorted((int(step), point["mean"]) for step, point in curves[arm]["train"]["reward"].items())
 
@@ -484,11 +485,15 @@ def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, A
         return [
             (step, statistics.fmean(mean for _, mean in series[max(0, i + 1 - REACH_WINDOW) : i + 1]))
             for i, (step, _) in enumerate(series)
+            if i + 1 >= REACH_WINDOW
         ]
 
     if against not in curves or not curves[against]["train"]["reward"]:
         return {}
     baseline = trailing(against)
+    if not baseline:
+        why = f"{against} has fewer than {REACH_WINDOW} steps"
+        return {arm: {"target": None, "step": None, "share": None, "undefined": why} for arm in curves}
     last_step, target = baseline[-1]
     start = statistics.fmean(mean for _, mean in rewards(against)[:REACH_WINDOW])
     if target <= start:
@@ -498,6 +503,19 @@ def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, A
     for arm in curves:
         step = next((step for step, mean in trailing(arm) if mean >= target), None)
         reached[arm] = {"target": target, "step": step, "share": step / last_step if step is not None else None}
+    return reached
+
+
+def steps_to_reach_by_seeds(results: dict[str, Any], seeds: list[int], against: str = "grpo") -> dict[str, Any]:
+    """`steps_to_reach` for each arm over the seeds it shares with `against`: while cells are missing, arms have
+    different seeds, and one seed's lucky first steps would pass for learning faster."""
+    reached = {}
+    for arm in (arm for arm in ARMS if results["arms"].get(arm)):
+        common = [seed for seed in seeds if str(seed) in results["arms"][arm] and str(seed) in results["arms"].get(against, {})]
+        curves = aggregate(results, common, [])  # training rewards only
+        reached[arm] = steps_to_reach(curves, against).get(arm) or {
+            "target": None, "step": None, "share": None, "undefined": f"no seed in common with {against}"
+        }
     return reached
 
 
@@ -582,7 +600,7 @@ def analysis_tables(differences: dict[str, Any], reached: dict[str, Any], rates:
     lines += ["", f"| arm | first step its training reward (trailing {REACH_WINDOW}) reaches GRPO's final | share of GRPO's steps |",
               "|---|---|---|"]
     lines += [
-        f"| {arm} | {r.get('undefined') or ('never' if r['step'] is None else r['step'])} (target {r['target']:.3f}) | "
+        f"| {arm} | {r.get('undefined') or ('never' if r['step'] is None else r['step'])} " + ("" if r["target"] is None else f"(target {r['target']:.3f})") + " | "
         + ("-" if r["share"] is None else f"{r['share']:.2f}") + " |"
         for arm, r in reached.items()
     ]
@@ -811,7 +829,7 @@ def report_cells(results: dict[str, Any], results_path: Path, out: Path, seeds: 
     curves = aggregate(results, seeds, steps)
     results["curves"] = curves
     differences, rates, costs = paired_differences(results, seeds, steps), failure_rates(results, seeds), step_costs(results)
-    reached = steps_to_reach(curves)
+    reached = steps_to_reach_by_seeds(results, seeds)
     results.update({"paired_differences": differences, "steps_to_reach": reached, "failure_rates": rates, "step_costs": costs})
     write_results(results_path, results)
     cells = sum(len(runs) for runs in results["arms"].values())

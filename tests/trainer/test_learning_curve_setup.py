@@ -61,6 +61,25 @@ def test_steps_to_reach_is_undefined_when_grpo_did_not_learn() -> None:
     assert "did not rise" in reached["sdpo"]["undefined"] and "did not rise" in reached["grpo"]["undefined"]
 
 
+def test_steps_to_reach_compares_the_seeds_both_arms_have_from_a_full_window_on() -> None:
+    """While cells are missing, an arm's seed GRPO has no cell of must not count, nor one lucky first step: the
+    2-seed privileged arm once "reached" 3-seed GRPO's final reward at step 1 that way."""
+    def cell(rewards: list[float]) -> dict[str, object]:
+        return {"evals": [], "train": [{"step": step, "reward": reward} for step, reward in enumerate(rewards, start=1)]}
+
+    grpo = [0.0] * 10 + [0.5] * 10
+    lucky_start = [1.0] + [0.0] * 19
+    results = {"baseline": {}, "arms": {
+        "grpo": {"0": cell(grpo)},
+        "grpo+sdpo": {"0": cell(lucky_start), "1": cell([1.0] * 20)},  # seed 1 would reach at once
+    }}
+    reached = learning_curve.steps_to_reach_by_seeds(results, [0, 1, 2])
+    assert reached["grpo"]["step"] == 15
+    assert reached["grpo+sdpo"]["step"] is None and reached["grpo+sdpo"]["target"] == pytest.approx(0.5)
+    results["arms"]["grpo+sdpo+dpo"] = {"2": cell(grpo)}
+    assert learning_curve.steps_to_reach_by_seeds(results, [0, 1, 2])["grpo+sdpo+dpo"]["undefined"] == "no seed in common with grpo"
+
+
 def test_a_rerun_refuses_results_of_another_warm_start(tmp_path: Path) -> None:
     """A later session that rebuilt a different warm start (or changed a size) must not add its cells to the
     stored ones: the run stops before it starts a cell, naming what differs, and the file is left as it was."""
@@ -152,5 +171,5 @@ def test_report_only_reports_the_finished_cells_without_a_service_or_token(tmp_p
     assert run.returncode == 0, run.stderr
     assert "| grpo | 2 | 0.250 |" in (tmp_path / "out" / "table.md").read_text()
     assert (tmp_path / "out" / "learning_curve.png").stat().st_size > 0
-    # two steps: GRPO's first and last windows are the same steps, so there is no rise to reach
-    assert "did not rise" in json.loads(results.read_text())["steps_to_reach"]["grpo"]["undefined"]
+    # two steps: not one full window of GRPO's training reward, so no level to reach
+    assert "fewer than 5 steps" in json.loads(results.read_text())["steps_to_reach"]["grpo"]["undefined"]
