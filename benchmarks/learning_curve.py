@@ -483,7 +483,7 @@ def steps_to_reach(curves: dict[str, Any], against: str = "grpo") -> dict[str, A
     def trailing(arm: str) -> list[tuple[int, float]]:
         series = rewards(arm)
         return [
-            (step, statistics.fmean(mean for _, mean in series[max(0, i + 1 - REACH_WINDOW) : i + 1]))
+            (step, statistics.fmean(mean for _, mean in series[i + 1 - REACH_WINDOW : i + 1]))
             for i, (step, _) in enumerate(series)
             if i + 1 >= REACH_WINDOW
         ]
