@@ -29,7 +29,8 @@ groups have reward variance. Measured times on the 2-core box are in docs/benchm
 Writes results.json, learning_curve.png and table.md (the curves, pass@1 differences against GRPO paired by seed
 and task, seconds and tokens per step, failures per rollout by kind and step) under --out. Resumable: a cell (an
 arm and a seed) checkpoints after every step and keeps its evaluations in results.json, so a rerun with the same
-arguments continues each cell from its last step; it prints the cells still to run. An evaluation episode the service did
+arguments continues each cell from its last step; it prints the cells still to run, and runs them in that order
+(arm by arm in --arms order, each arm's seeds in turn: list the arms that answer most first). An evaluation episode the service did
 not grade (a sandbox fault) or a training loss that is not finite fails the run.
 
 Across machines (decision 130): `--results FILE` keeps results.json in a file that outlives the machine (a tracked
@@ -643,9 +644,10 @@ def run_cells(
     results: dict[str, Any], results_path: Path, args: argparse.Namespace, mode: dict[str, Any], tasks: dict[str, list[str]],
     pairs: Path, factory: Any, commit: str | None,
 ) -> None:
-    """The baselines and cells results.json lacks, seed by seed, each seed's arms in --arms order, each saved as it
-    ends. None is started that is not expected to end within --within: a baseline that does not fit ends the run,
-    a cell that does not fit leaves its seed's other cells for another run (a later baseline may still fit)."""
+    """The cells results.json lacks, arm by arm in --arms order (the arms that answer most first), each arm's seeds
+    in order, each saved as it ends; a seed's baseline is evaluated before its first cell. Nothing is started that
+    is not expected to end within --within: the first baseline or cell that does not fit ends the run, so cells fill
+    in order and a rerun continues with the cell it stopped in."""
     started = time.perf_counter()
 
     def fits(what: str, arm: str | None) -> bool:
@@ -660,28 +662,28 @@ def run_cells(
     def save() -> None:
         write_results(results_path, results)
 
-    for seed in mode["seeds"]:
-        if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
-            if not fits(f"seed {seed}'s baseline", None):
-                return
-            model, tokenizer = warm_start(args)
-            point = _eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))
-            results["baseline"][str(seed)] = {"step": 0, **point, "commit": commit}
-            print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
-            save()
-        for arm in args.arms:
+    for arm in args.arms:
+        for seed in mode["seeds"]:
             if str(seed) in results["arms"].get(arm, {}):
                 continue  # resumable: a finished run is kept
+            if str(seed) not in results["baseline"]:  # every arm starts from the same checkpoint: evaluate it once per seed
+                if not fits(f"seed {seed}'s baseline", None):
+                    return
+                model, tokenizer = warm_start(args)
+                point = _eval_point(_evaluate(model, tokenizer, factory, tasks["eval"], mode["eval_n"], seed, args))
+                results["baseline"][str(seed)] = {"step": 0, **point, "commit": commit}
+                print(f"baseline seed {seed}: {results['baseline'][str(seed)]}", flush=True)
+                save()
             if not fits(f"{arm} seed {seed}", arm):
-                break  # this seed's cells wait for another run; a later seed's baseline may still fit
+                return
             done = [run.get("steps", mode["steps"]) for run in (results["arms"].get(a, {}).get(str(seed)) for a in args.arms) if run]
             seconds = None
             if args.time_budget is not None and not done:
-                # This seed's share of what is left, less one evaluation per arm (timed by the baseline's).
-                seeds_left = len(mode["seeds"]) - mode["seeds"].index(seed)
+                # This cell's share of what is left, less its evaluation (timed by the baseline's).
+                cells_left = sum(str(s) not in results["arms"].get(a, {}) for a in args.arms for s in mode["seeds"])
                 evaluation = results["baseline"][str(seed)]["seconds"]
-                share = (args.time_budget - (time.perf_counter() - started)) / seeds_left
-                seconds = max(0.0, (share - len(args.arms) * 1.25 * evaluation) / len(args.arms))
+                share = (args.time_budget - (time.perf_counter() - started)) / cells_left
+                seconds = max(0.0, share - 1.25 * evaluation)
             print(f"{arm} seed {seed}" + (f": {seconds:.0f} s of training" if seconds is not None else ""), flush=True)
             max_steps = done[0] if done else mode["steps"]
             partial = results.setdefault("partial", {}).setdefault(arm, {}).setdefault(str(seed), {})

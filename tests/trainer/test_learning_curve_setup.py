@@ -118,21 +118,29 @@ def test_expected_seconds_come_from_what_was_measured() -> None:
 
 
 @pytest.mark.parametrize(
-    ("baselines", "stops_before"),
-    [(["0"], ["seed 1's baseline"]), (["0", "1"], ["grpo seed 1", "seed 2's baseline"])],
+    ("baselines", "cells", "stops_before"),
+    [
+        (["0"], {"grpo": ["0"]}, "seed 1's baseline"),
+        (["0", "1"], {"grpo": ["0"]}, "grpo seed 1"),
+        # arm by arm: GRPO's last seed comes before the next arm's second, as --arms orders what answers most
+        (["0", "1", "2"], {"grpo": ["0", "1"], "grpo+sdpo": ["0"]}, "grpo seed 2"),
+    ],
 )
 def test_within_starts_nothing_that_would_not_end_in_time(
-    baselines: list[str], stops_before: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    baselines: list[str], cells: dict[str, list[str]], stops_before: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With a seed's cell done and 10 s left, no baseline (about 800 s) or cell (3,600 s) is started; a cell that
-    does not fit passes on to the next seed's baseline, a baseline that does not fit ends the run."""
-    results = {"baseline": {seed: {"seconds": 800.0} for seed in baselines}, "arms": {"grpo": {"0": _finished_cell(2000.0, [800.0, 800.0])}}}
+    """With 10 s left, no baseline (about 800 s) or cell (3,600 s) is started, and the run ends at the first that
+    does not fit: cells fill in --arms order, each arm's seeds in turn, so a rerun continues where it stopped."""
+    results = {
+        "baseline": {seed: {"seconds": 800.0} for seed in baselines},
+        "arms": {arm: {seed: _finished_cell(2000.0, [800.0, 800.0]) for seed in seeds} for arm, seeds in cells.items()},
+    }
     before = json.dumps(results)
-    args = argparse.Namespace(within=10.0, arms=["grpo"], time_budget=None)
+    args = argparse.Namespace(within=10.0, arms=["grpo", "grpo+sdpo"], time_budget=None)
     mode = {"seeds": [0, 1, 2], "steps": 20}
     learning_curve.run_cells(results, tmp_path / "results.json", args, mode, {"train": [], "eval": []}, tmp_path / "pairs.jsonl", None, None)
     stops = [line.split(":")[0].removeprefix("stopping before ") for line in capsys.readouterr().out.splitlines()]
-    assert stops == stops_before
+    assert stops == [stops_before]
     assert json.dumps(results) == before and not (tmp_path / "results.json").exists()
 
 
