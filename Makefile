@@ -22,11 +22,12 @@ BWRAP_ONLY := bwrap and not docker and not compose and not redteam
 
 test: install image wheels
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra $(UNIT_ARGS)
-	log=$$(mktemp); trap 'kill $$bwrap 2>/dev/null; rm -f $$log' EXIT; \
+	log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra -p no:cacheprovider --durations=5 -m "$(BWRAP_ONLY)" >$$log 2>&1 & bwrap=$$!; \
-	$(PY) -m pytest -q -ra --durations=30 -m "not ($(UNIT)) and not ($(BWRAP_ONLY))"; docker=$$?; \
-	wait $$bwrap; bwrap=$$?; echo "--- the bubblewrap pass, run beside it:"; cat $$log; \
-	test $$docker -eq 0 && test $$bwrap -eq 0
+	trap 'kill $$bwrap' INT TERM; \
+	$(PY) -m pytest -q -ra --durations=30 -m "not ($(UNIT)) and not ($(BWRAP_ONLY))"; docker_status=$$?; \
+	wait $$bwrap; bwrap_status=$$?; echo "--- the bubblewrap pass, run beside it:"; cat $$log; \
+	test $$docker_status -eq 0 && test $$bwrap_status -eq 0
 
 test-unit: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -ra $(UNIT_ARGS)
