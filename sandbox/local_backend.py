@@ -24,6 +24,7 @@ How it is weaker than the Docker backend (docs/decisions/003-local-backend-isola
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -43,8 +44,13 @@ HOST_UIDS = range(200_000, 265_536)
 """Host uids a root caller's sandboxes run as, one per live sandbox: an escape is not root,
 and RLIMIT_NPROC, which the kernel counts per uid (and ignores for root), is per sandbox."""
 
+HOST_UID_LEASES = Path("/run/coding-env/host-uids")
+"""A lock file per host uid, held (`flock`) for the life of the sandbox that runs as it: the sandboxes
+of every process on the host (replicas of the service, two test runs) get distinct uids, and the
+kernel releases a dead process's leases with it, when its sandboxes die too (--die-with-parent)."""
+
 _host_uids_lock = threading.Lock()
-_host_uids_in_use: set[int] = set()
+_host_uid_leases: dict[int, int] = {}  # this process's leased uids and their lock files' descriptors
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -99,15 +105,26 @@ def bwrap_argv(spec: LocalSpec, inbox_dir: Path | None = None, program: str = "b
 
 
 def _acquire_host_uid() -> int:
+    """The first host uid no process on the host holds, leased to the caller until `_release_host_uid`."""
     with _host_uids_lock:
-        uid = next(uid for uid in HOST_UIDS if uid not in _host_uids_in_use)
-        _host_uids_in_use.add(uid)
-        return uid
+        HOST_UID_LEASES.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for uid in HOST_UIDS:
+            if uid in _host_uid_leases:
+                continue
+            lease = os.open(HOST_UID_LEASES / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(lease)  # another process's sandbox runs as it
+                continue
+            _host_uid_leases[uid] = lease
+            return uid
+    raise SandboxError(f"all {len(HOST_UIDS)} host uids are leased to running sandboxes")
 
 
 def _release_host_uid(uid: int) -> None:
     with _host_uids_lock:
-        _host_uids_in_use.discard(uid)
+        os.close(_host_uid_leases.pop(uid))  # closing the only descriptor releases the lock
 
 
 def limits_argv(spec: LocalSpec, host_uid: int | None) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from sandbox.local_backend import HOST_UIDS
 from tests.sandbox.support import LOCAL_SPEC as SPEC
 from tests.sandbox.support import kill_caller_mid_command, needs_bwrap
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = needs_bwrap
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the host uid drop applies to root callers")
 
@@ -61,6 +64,26 @@ def test_a_root_caller_runs_the_sandbox_as_an_unprivileged_host_uid(local_sandbo
 def test_each_sandbox_of_a_root_caller_gets_its_own_host_uid(local_sandbox: Sandbox) -> None:
     with open_sandbox(SPEC) as other:
         assert other.deployment.host_uid != local_sandbox.deployment.host_uid
+
+
+@root_only
+def test_another_processs_sandboxes_get_other_host_uids(local_sandbox: Sandbox) -> None:
+    """Two service processes on one host (replicas, or two test runs) never share a host uid: a sandbox of
+    another process skips the uid this one holds, and gets it once this process's sandbox is gone."""
+    caller = (
+        "from sandbox import open_sandbox\nfrom tests.sandbox.support import LOCAL_SPEC\n"
+        "with open_sandbox(LOCAL_SPEC) as sb:\n    print(sb.deployment.host_uid)\n"
+    )
+
+    def other_process_uid() -> int:
+        done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    held = local_sandbox.deployment.host_uid
+    assert other_process_uid() != held
+    local_sandbox.close()
+    assert other_process_uid() == held  # the lowest free uid again: the lease went with the sandbox
 
 
 def test_a_killed_caller_takes_the_sandbox_with_it() -> None:
