@@ -11,6 +11,11 @@ from typing import Any
 from env_server.settings import ServiceSettings
 
 
+KEEP_ALIVE_S = 75
+"""Seconds the service keeps an idle HTTP connection open: longer than any client or proxy in front of it keeps one
+(httpx 5 s, nginx's upstream connections 60 s), so that they, not the service, close it."""
+
+
 def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
     """How uvicorn serves the app, wherever it runs (`coding-env serve`, the tests' in-process server)."""
     return {
@@ -22,6 +27,12 @@ def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
         # Compressing every frame cost about 0.15 ms of the service's CPU per step (docs/benchmarks.md):
         # frames travel between a trainer and a service on one network, where bytes are cheap.
         "ws_per_message_deflate": False,
+        # An idle keep-alive connection is the client's to close: a client that reuses one just as the server
+        # drops it gets "connection reset" on a request the service never read, and a step lost that way
+        # ends its episode ungraded. uvicorn's default (5 s) equals httpx's pool expiry and is under nginx's
+        # upstream keepalive_timeout (60 s), so both raced it, most often when a turn's generation paused a
+        # session for about 5 s.
+        "timeout_keep_alive": KEEP_ALIVE_S,
     }
 
 
