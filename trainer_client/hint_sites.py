@@ -54,6 +54,13 @@ class HintSite:
     """The chat-templated hint message the teacher reads before the turn."""
     error_kinds: tuple[str, ...]
     """Error kinds of the turn's failed calls (for logging)."""
+    token_mask: tuple[bool, ...] | None = None
+    """Per token of the turn, whether SDPO distils it; None: every token (`call_tokens.content_sites`)."""
+
+    @property
+    def distilled_tokens(self) -> int:
+        """How many of the turn's tokens SDPO distils."""
+        return self.end - self.start if self.token_mask is None else sum(self.token_mask)
 
 
 class HintTemplate:

@@ -9,8 +9,9 @@ the tokens the policy sampled there: by the student (the policy on the episode a
 - **JSD per token**: the generalized JSD the SDPO loss minimises (beta 0.5): how much signal there is;
 - **change in log-probability per token** of the sampled turn, teacher minus student: which way it points.
 
-Both split by the episode's outcome. A teacher that knows better lowers the log-probability of turns of
-episodes that failed, and leaves that of episodes that passed alone. To measure that second half, the
+Both split by the episode's outcome, and each also over the turn's schema tokens and its content tokens
+apart (`call_tokens`: which call, against what it says; decision 132). A teacher that knows better lowers
+the log-probability of turns of episodes that failed, and leaves that of episodes that passed alone. To measure that second half, the
 privileged sources are also read at the passing episodes' turns here (the trainer does not make those
 sites): their sibling is another passing episode of the task, where there is one.
 """
@@ -21,12 +22,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from env_server.models import ErrorKind, TaskReference
+from trainer_client.call_tokens import TurnTokenClasses
 from trainer_client.evaluation import Episode, bootstrap_interval
 from trainer_client.hint_sites import HintSite, HintTemplate, TurnFailure, TurnReport, locate_hint_sites, teacher_row
 from trainer_client.losses import generalized_jsd
@@ -99,6 +101,19 @@ class SiteScore:
     jsd: float
     logp_change: float
     """Sum over the turn's tokens of the teacher's log-probability minus the student's."""
+    content_tokens: int
+    """Of `tokens`, those of the turn's content (`call_tokens`); the rest are its schema."""
+    content_jsd: float
+    content_logp_change: float
+
+    def figure(self, name: str, tokens: TokenClass) -> float:
+        """`tokens`, `jsd` or `logp_change` summed over the turn's tokens of one class."""
+        whole, content = getattr(self, name), getattr(self, f"content_{name}")
+        return {"all": whole, "content": content, "schema": whole - content}[tokens]
+
+
+TokenClass = Literal["all", "schema", "content"]
+TOKEN_CLASSES: tuple[TokenClass, ...] = get_args(TokenClass)
 
 
 def privileged_message(source: HintSource, episode: SampledEpisode, group: Sequence[SampledEpisode]) -> str | None:
@@ -129,6 +144,7 @@ def score_episode(
     sources: Sequence[HintSource],
     placements: Sequence[HintPlacement],
     template: HintTemplate,
+    classes: TurnTokenClasses,
 ) -> list[SiteScore]:
     """Every site of the episode, for each source and placement, scored by teacher and student.
 
@@ -165,48 +181,60 @@ def score_episode(
             first = episode.prompt_length + site.start
             student = student_logits[first - 1 : first - 1 + turn]
             sampled = torch.tensor(completion[site.start : site.end], device=device)[:, None]
-            change = teacher.log_softmax(-1).gather(1, sampled) - student.log_softmax(-1).gather(1, sampled)
-            jsd = generalized_jsd(student, teacher, beta=0.5, reduction="sum")
+            change = (teacher.log_softmax(-1).gather(1, sampled) - student.log_softmax(-1).gather(1, sampled))[:, 0]
+            jsd = generalized_jsd(student, teacher, beta=0.5, reduction="none")
+            content = torch.tensor(classes.content_mask(completion[site.start : site.end]), device=device)
             scores.append(
                 SiteScore(source, placement, episode.passed, episode.task_id, episode.sample, site.turn,
-                          template.decode(site.hint_ids), turn, float(jsd), float(change.sum()))
+                          template.decode(site.hint_ids), turn, float(jsd.sum()), float(change.sum()),
+                          int(content.sum()), float(jsd[content].sum()), float(change[content].sum()))
             )
     return scores
 
 
+def _figures(chosen: Sequence[SiteScore], tokens: TokenClass, seed: int) -> dict[str, Any]:
+    """Tokens, and JSD and log-probability change per token with 95% bootstrap intervals over tasks, of `chosen`
+    sites' tokens of one class."""
+    tasks = sorted({s.task_id for s in chosen})
+    counts = [sum(s.figure("tokens", tokens) for s in chosen if s.task_id == task) for task in tasks]
+    figures: dict[str, Any] = {"tokens": sum(counts)}
+    for name in ("jsd", "logp_change"):
+        per_task = [sum(s.figure(name, tokens) for s in chosen if s.task_id == task) / count if count else 0.0 for task, count in zip(tasks, counts)]
+        total = sum(s.figure(name, tokens) for s in chosen)
+        measured = sum(counts) > 0
+        figures[name] = {
+            "per_token": total / sum(counts) if measured else None,
+            "ci95": bootstrap_interval(per_task, counts, seed=seed) if measured else None,
+        }
+    return figures
+
+
 def uptake_table(scores: Sequence[SiteScore], *, seed: int = 0) -> list[dict[str, Any]]:
     """Per source and placement, and per outcome: sites, tokens, JSD and log-probability change per token, each
-    with a 95% bootstrap interval over tasks (the unit sampled)."""
+    with a 95% bootstrap interval over tasks (the unit sampled); the same over the turns' schema and content
+    tokens apart under `by_tokens`."""
     rows = []
     keys = dict.fromkeys((score.source, score.placement) for score in scores)
     for source, placement in keys:
         row: dict[str, Any] = {"source": source, "placement": placement}
         for outcome, passed in (("failing", False), ("passing", True)):
             chosen = [s for s in scores if (s.source, s.placement, s.passed) == (source, placement, passed)]
-            tasks = sorted({s.task_id for s in chosen})
-            tokens = [sum(s.tokens for s in chosen if s.task_id == task) for task in tasks]
-            row[outcome] = {"sites": len(chosen), "tokens": sum(tokens)}
-            for name in ("jsd", "logp_change"):
-                per_task = [sum(getattr(s, name) for s in chosen if s.task_id == task) / count for task, count in zip(tasks, tokens)]
-                total = sum(getattr(s, name) for s in chosen)
-                row[outcome][name] = {
-                    "per_token": total / sum(tokens) if tokens else None,
-                    "ci95": bootstrap_interval(per_task, tokens, seed=seed) if tokens else None,
-                }
+            row[outcome] = {"sites": len(chosen), **_figures(chosen, "all", seed)}
+            row[outcome]["by_tokens"] = {tokens: _figures(chosen, tokens, seed) for tokens in ("schema", "content")}
         rows.append(row)
     return rows
 
 
+def _cell(figures: dict[str, Any], name: str) -> str:
+    value = figures[name]["per_token"]
+    if value is None:
+        return "-"
+    low, high = figures[name]["ci95"]
+    return f"{value:+.4f} [{low:+.4f}, {high:+.4f}]" if name == "logp_change" else f"{value:.4f} [{low:.4f}, {high:.4f}]"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The uptake table as docs/benchmarks.md shows it."""
-
-    def cell(figures: dict[str, Any], name: str) -> str:
-        value = figures[name]["per_token"]
-        if value is None:
-            return "-"
-        low, high = figures[name]["ci95"]
-        return f"{value:+.4f} [{low:+.4f}, {high:+.4f}]" if name == "logp_change" else f"{value:.4f} [{low:.4f}, {high:.4f}]"
-
+    """The uptake tables as docs/benchmarks.md shows them: over whole turns, then over schema and content tokens."""
     lines = [
         "| source | placement | sites (tokens), failing / passing | JSD per token, failing | JSD per token, passing "
         "| log-prob change per token, failing | log-prob change per token, passing |",
@@ -216,8 +244,21 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         failing, passing = row["failing"], row["passing"]
         lines.append(
             f"| {row['source']} | {row['placement']} | {failing['sites']} ({failing['tokens']}) / {passing['sites']} ({passing['tokens']}) "
-            f"| {cell(failing, 'jsd')} | {cell(passing, 'jsd')} | {cell(failing, 'logp_change')} | {cell(passing, 'logp_change')} |"
+            f"| {_cell(failing, 'jsd')} | {_cell(passing, 'jsd')} | {_cell(failing, 'logp_change')} | {_cell(passing, 'logp_change')} |"
         )
+    lines += [
+        "",
+        "| source | placement | tokens | tokens, failing / passing | JSD per token, failing | JSD per token, passing "
+        "| log-prob change per token, failing | log-prob change per token, passing |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for tokens in ("schema", "content"):
+            failing, passing = row["failing"]["by_tokens"][tokens], row["passing"]["by_tokens"][tokens]
+            lines.append(
+                f"| {row['source']} | {row['placement']} | {tokens} | {failing['tokens']} / {passing['tokens']} "
+                f"| {_cell(failing, 'jsd')} | {_cell(passing, 'jsd')} | {_cell(failing, 'logp_change')} | {_cell(passing, 'logp_change')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -244,13 +285,14 @@ def measure(
 ) -> list[SiteScore]:
     """Every episode's sites scored; a task's episodes are one group (for the sibling source)."""
     template = HintTemplate(tokenizer)
+    classes = TurnTokenClasses(tokenizer)
     groups: dict[str, list[SampledEpisode]] = {}
     for episode in episodes:
         groups.setdefault(episode.task_id, []).append(episode)
     return [
         score
         for episode in episodes
-        for score in score_episode(model, episode, groups[episode.task_id], sources, placements, template)
+        for score in score_episode(model, episode, groups[episode.task_id], sources, placements, template, classes)
     ]
 
 

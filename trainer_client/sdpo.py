@@ -2,7 +2,8 @@
 
 For an assistant turn the policy got wrong (decision 063), the teacher (`teacher.SdpoTeacher`: the
 policy without gradient, reading the hint just before the turn) is distilled into the student (the
-policy on the original context) with a generalized JSD (`losses.generalized_jsd`) over that turn's tokens.
+policy on the original context) with a generalized JSD (`losses.generalized_jsd`) over that turn's tokens
+(those the site distils: all, or its content, decision 132).
 The student's hidden states come from GRPO's own forward (decision 060), and so may the contexts the live
 teacher reads: then it runs only each hint and hinted turn, after GRPO's keys and values (decision 076).
 The vocabulary projection runs only at hint-site positions, through the model's own output path
@@ -75,6 +76,7 @@ class SdpoChannel:
         completion_ids = inputs["completion_ids"]
         prompt_length = prompt_ids.size(1)
         rows, positions, teacher_rows, turn_lengths, cache_rows, context_starts = [], [], [], [], [], []
+        distilled: list[bool] = []  # per turn token the teacher scores, whether it is distilled (`HintSite.token_mask`)
         for row, sites in enumerate(inputs["hint_sites"]):
             if not sites:
                 continue
@@ -85,16 +87,19 @@ class SdpoChannel:
             for site in sites:
                 # the hidden state at t predicts token t + 1
                 span = range(prompt_length + site.start - 1, prompt_length + site.end - 1)
-                rows.extend([row] * len(span))
-                positions.extend(span)
+                keep = site.token_mask if site.token_mask is not None else (True,) * len(span)
+                kept = [position for position, flag in zip(span, keep) if flag]
+                rows.extend([row] * len(kept))
+                positions.extend(kept)
                 turn_lengths.append(site.end - site.start)
+                distilled.extend(keep)
             teacher_rows.append(teacher_row(prompt, completion, sites, self._header_ids, self._settings.placement))
         site_tokens = len(positions)
         if not site_tokens:
             # No site here but some on another rank: the same forwards on row 0's first completion token,
             # weighted 0, so this rank joins the parameter gathers of ZeRO-3 / FSDP in them.
             prompt = prompt_ids[0][prompt_mask[0].bool()].tolist()
-            rows, positions, turn_lengths = [0], [prompt_length - 1], [1]
+            rows, positions, turn_lengths, distilled = [0], [prompt_length - 1], [1], [True]
             teacher_rows = [PackedRow(prompt, [Continuation(len(prompt), [int(completion_ids[0, 0])])])]
             keys_values = None  # the dummy's one token is predicted from the context
         device = hidden_states.device
@@ -103,7 +108,7 @@ class SdpoChannel:
             hidden_states[torch.tensor(rows, device=device), torch.tensor(positions, device=device)],
         )
         contexts = PolicyContexts(keys_values, cache_rows, context_starts) if keys_values is not None else None
-        teacher_logits = self.teacher_logits(teacher_rows, turn_lengths, contexts)
+        teacher_logits = self.teacher_logits(teacher_rows, turn_lengths, contexts)[torch.tensor(distilled, device=device)]
         settings = self._settings
         jsd = generalized_jsd(
             student_logits,

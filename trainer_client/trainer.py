@@ -32,13 +32,14 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset
 from transformers import Cache
 
+from trainer_client.call_tokens import DistilledTokens, TurnTokenClasses, content_sites
 from trainer_client.completion_samples import CompletionSampleLog, RolloutSample
 from trainer_client.concurrent_rollouts import (
     ConcurrentRolloutConfig,
@@ -139,6 +140,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
         },
     )
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
+    sdpo_tokens: str = field(
+        default="all",
+        metadata={
+            "help": "Which tokens of a hint site's turn SDPO distils: 'all', or 'content' (the call's argument values "
+            "and prose, not its envelope, tool name and argument names; a site that failed for its form, such as a "
+            "malformed call, keeps every token). Decision 132."
+        },
+    )
     tool_call_marker: str = field(
         default="<tool_call>",
         metadata={
@@ -204,6 +213,8 @@ class ComposerConfig(ConcurrentRolloutConfig):
         self.hint_sources = list(hint_sources(self.hint_sources))
         if self.hint_placement not in HINT_PLACEMENTS:
             raise ValueError(f"hint_placement must be one of {HINT_PLACEMENTS}, got {self.hint_placement!r}")
+        if self.sdpo_tokens not in get_args(DistilledTokens):
+            raise ValueError(f"sdpo_tokens must be one of {get_args(DistilledTokens)}, got {self.sdpo_tokens!r}")
         if self.sdpo_teacher not in ("live", "ema", "base"):
             raise ValueError(f"sdpo_teacher must be 'live', 'ema' or 'base', got {self.sdpo_teacher!r}")
         if self.dpo_loss_type not in ("sigmoid", "ipo"):
@@ -267,6 +278,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             chat_template_kwargs=self.chat_template_kwargs,
             role=config.hint_role,
         )
+        self._token_classes = TurnTokenClasses(self._tokenizer, config.tool_call_marker) if config.sdpo_tokens == "content" else None
         self._rollout_messages: list[list[dict[str, Any]]] = []
         self._warned_no_reference = False
         self._rollout_prompts: list[Any] = []
@@ -430,7 +442,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         hint_sites = self._rollout_hint_sites(output)
         if self.args.sdpo_weight > 0:
             output["hint_sites"] = hint_sites
-            output["hint_tokens"] = self._global_count(sum(s.end - s.start for ss in hint_sites for s in ss))
+            output["hint_tokens"] = self._global_count(sum(s.distilled_tokens for ss in hint_sites for s in ss))
         return output
 
     def _rollout_hint_sites(self, output: dict[str, Any]) -> list[list[HintSite]]:
@@ -454,16 +466,17 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
                 tool_call_marker=self.args.tool_call_marker,
             )
             reports.append(rollout)
-            hint_sites.append(
-                locate_hint_sites(
-                    rollout or [],
-                    mask,
-                    self._hint_template,
-                    sources=sources,
-                    answers=turn_answers(self._rollout_messages[index]) if "raw_error" in sources else (),
-                    privileged=privileged[index],
-                )
+            sites = locate_hint_sites(
+                rollout or [],
+                mask,
+                self._hint_template,
+                sources=sources,
+                answers=turn_answers(self._rollout_messages[index]) if "raw_error" in sources else (),
+                privileged=privileged[index],
             )
+            if self._token_classes is not None:
+                sites = content_sites(sites, output["completion_ids"][index].tolist(), self._token_classes)
+            hint_sites.append(sites)
         mode = "train" if self.in_training else "eval"
         if self._completion_samples is not None and mode == "train":
             self._completion_samples.write(self.state.global_step, self._rollout_samples(reports, hint_sites))

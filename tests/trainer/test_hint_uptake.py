@@ -11,6 +11,7 @@ import torch
 
 from tests.trainer.conftest import PRIVILEGED_TOKEN, SERVICE_TOKEN
 from trainer_client.cli import main
+from trainer_client.call_tokens import TurnTokenClasses
 from trainer_client.hint_sites import HintTemplate, teacher_row
 from trainer_client.hint_uptake import SiteScore, episode_sites, read_episodes, score_episode, uptake_table
 from trainer_client.losses import generalized_jsd
@@ -58,7 +59,8 @@ def scored_as_plain_forwards(episodes: list) -> None:
     model.eval()
     template = HintTemplate(tokenizer)
     episode = episodes[0]
-    scores = score_episode(model, episode, episodes, ["template", "reference"], ["before_turn", "after_prompt"], template)
+    classes = TurnTokenClasses(tokenizer)
+    scores = score_episode(model, episode, episodes, ["template", "reference"], ["before_turn", "after_prompt"], template, classes)
     assert scores
     prompt, completion = episode.context[: episode.prompt_length], episode.context[episode.prompt_length :]
     with torch.no_grad():
@@ -74,21 +76,27 @@ def scored_as_plain_forwards(episodes: list) -> None:
                     teacher = model(input_ids=torch.tensor([sequence])).logits[0, len(sequence) - turn - 1 : -1]
                     first = episode.prompt_length + site.start
                     student = student_logits[first - 1 : first - 1 + turn]
-                    expected.append((source, placement, site.turn, float(generalized_jsd(student, teacher, reduction="sum"))))
-    got = sorted((s.source, s.placement, s.turn, s.jsd) for s in scores)
+                    content = torch.tensor(classes.content_mask(completion[site.start : site.end]))
+                    jsd = generalized_jsd(student, teacher, reduction="none")
+                    expected.append((source, placement, site.turn, float(jsd.sum()), float(jsd[content].sum())))
+    got = sorted((s.source, s.placement, s.turn, s.jsd, s.content_jsd) for s in scores)
     assert [key[:3] for key in got] == [key[:3] for key in sorted(expected)]
-    for (*_, mine), (*_, theirs) in zip(got, sorted(expected)):
-        assert mine == pytest.approx(theirs, rel=1e-3, abs=1e-4)
+    for mine, theirs in zip(got, sorted(expected)):
+        assert mine[3:] == pytest.approx(theirs[3:], rel=1e-3, abs=1e-4)
 
 
 def test_the_table_splits_failing_from_passing_and_weighs_tasks_by_tokens() -> None:
     scores = [
-        SiteScore("reference", "before_turn", False, "t1", 0, 0, "m", 10, 1.0, -2.0),
-        SiteScore("reference", "before_turn", False, "t2", 0, 0, "m", 30, 1.0, -6.0),
-        SiteScore("reference", "before_turn", True, "t1", 1, 0, "m", 5, 0.5, 0.0),
+        SiteScore("reference", "before_turn", False, "t1", 0, 0, "m", 10, 1.0, -2.0, 4, 0.5, -0.5),
+        SiteScore("reference", "before_turn", False, "t2", 0, 0, "m", 30, 1.0, -6.0, 0, 0.0, 0.0),
+        SiteScore("reference", "before_turn", True, "t1", 1, 0, "m", 5, 0.5, 0.0, 5, 0.5, 0.0),
     ]
     (row,) = uptake_table(scores)
     assert row["failing"]["sites"] == 2 and row["failing"]["tokens"] == 40
     assert row["failing"]["jsd"]["per_token"] == pytest.approx(2 / 40)
     assert row["failing"]["logp_change"]["per_token"] == pytest.approx(-8 / 40)
     assert row["passing"]["logp_change"]["per_token"] == 0.0
+    content, schema = row["failing"]["by_tokens"]["content"], row["failing"]["by_tokens"]["schema"]
+    assert content["tokens"] == 4 and content["logp_change"]["per_token"] == pytest.approx(-0.5 / 4)
+    assert schema["tokens"] == 36 and schema["logp_change"]["per_token"] == pytest.approx(-7.5 / 36)
+    assert row["passing"]["by_tokens"]["schema"]["tokens"] == 0 and row["passing"]["by_tokens"]["schema"]["jsd"]["per_token"] is None
