@@ -70,11 +70,17 @@ ARMS: dict[str, dict[str, Any]] = {
     },
     "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0},
     "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
+    "grpo+sdpo(sibling+reference,content)": {
+        "sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"], "hint_placement": "after_prompt",
+        "sdpo_tokens": "content",
+    },
 }
 """In the order their cells are filled (issue 32): GRPO and the privileged teacher first. `grpo+sdpo` reads
 the template hints (the default source) before the turn; the privileged arm reads the sibling and reference after
 the prompt, the placement where the reference lowered failing turns and left passing ones alone (docs/benchmarks.md,
-"What a hint tells the teacher"), and needs `--privileged-token` (decision 129)."""
+"What a hint tells the teacher"), and needs `--privileged-token` (decision 129). The last arm is the privileged
+one distilled at its sites' content tokens only (decision 132): whether the teacher helps once it cannot move
+which call a turn makes."""
 MODES = {
     # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64
     # episodes) at the start, the middle and the end. Hours on a GPU; on 2 CPU cores a step alone takes minutes.
