@@ -85,15 +85,15 @@ class TurnTokenClasses:
         self._opener = tool_call_marker
         self._closer = tool_call_marker[:1] + "/" + tool_call_marker[1:]  # `</tool_call>`
 
-    def _character_ends(self, token_ids: Sequence[int]) -> list[int]:
-        """Where each token's text ends in the turn's text. Decoding prefixes (not tokens one by one) keeps
-        a character that spans tokens whole; a token that ends inside one ends where the prefix's text does."""
-        ends, reached = [], 0
+    def _decode(self, token_ids: Sequence[int]) -> tuple[str, list[int]]:
+        """The turn's text, and where each token's text ends in it. Decoding prefixes (not tokens one by one)
+        keeps a character that spans tokens whole; a token that ends inside one ends where the prefix's text does."""
+        text, ends, reached = "", [], 0
         for count in range(1, len(token_ids) + 1):
             text = self._tokenizer.decode(list(token_ids[:count]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
             reached = max(reached, len(text.rstrip("\ufffd")))  # an incomplete UTF-8 sequence decodes to U+FFFD
             ends.append(reached)
-        return ends
+        return text, ends
 
     def content_spans(self, text: str) -> list[tuple[int, int]]:
         """Character spans of a turn's content: its calls' argument values and the prose outside its calls."""
@@ -115,8 +115,7 @@ class TurnTokenClasses:
 
     def content_mask(self, token_ids: Sequence[int]) -> tuple[bool, ...]:
         """Per token of a turn, whether its text overlaps the turn's content; special tokens (end of turn) never do."""
-        ends = self._character_ends(token_ids)
-        text = self._tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text, ends = self._decode(token_ids)
         spans = self.content_spans(text)
         mask, start = [], 0
         for token, end in zip(token_ids, ends):

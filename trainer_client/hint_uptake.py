@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -113,7 +113,6 @@ class SiteScore:
 
 
 TokenClass = Literal["all", "schema", "content"]
-TOKEN_CLASSES: tuple[TokenClass, ...] = get_args(TokenClass)
 
 
 def privileged_message(source: HintSource, episode: SampledEpisode, group: Sequence[SampledEpisode]) -> str | None:
