@@ -79,7 +79,7 @@ ARMS: dict[str, dict[str, Any]] = {
 the template hints (the default source) before the turn; the privileged arm reads the sibling and reference after
 the prompt, the placement where the reference lowered failing turns and left passing ones alone (docs/benchmarks.md,
 "What a hint tells the teacher"), and needs `--privileged-token` (decision 129). The last arm is the privileged
-one distilled at its sites' content tokens only (decision 132): whether the teacher helps once it cannot move
+one distilled at its sites' content tokens only (decisions 132, 133): whether the teacher helps once it cannot move
 which call a turn makes."""
 MODES = {
     # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from trainer_client.hint_sites import FORMAT_KINDS, HintSite
+from trainer_client.hint_sites import HintSite
 
 DistilledTokens = Literal["all", "content"]
 """Which tokens of a hint site's turn SDPO distils: every one, or its content (decision 132)."""
@@ -126,15 +126,13 @@ class TurnTokenClasses:
 
 
 def content_sites(sites: Sequence[HintSite], completion_ids: Sequence[int], classes: TurnTokenClasses) -> list[HintSite]:
-    """`sites` with their distilled tokens narrowed to content (decision 132). A site whose turn failed for
-    its form (a malformed call, an unknown tool, arguments off the schema, no call) keeps every token: there
-    the schema is what went wrong and what its hint is about. A site left with no content token (a
-    `submit` without arguments) is dropped."""
+    """`sites` with their distilled tokens narrowed to content (decisions 132, 133), at every site: one whose
+    turn failed for its form too, since a teacher distilled at the schema of a call the student already got
+    wrong reinforces it (a privileged teacher, sure the work is done, prefers `submit` at the name of a
+    `submit` that carried bash's arguments). A site left with no content token (a `submit` without
+    arguments, an unparsable call with no prose) is dropped: the form is GRPO's to learn, from the reward."""
     narrowed = []
     for site in sites:
-        if any(kind in FORMAT_KINDS for kind in site.error_kinds):
-            narrowed.append(site)
-            continue
         mask = classes.content_mask(completion_ids[site.start : site.end])
         if any(mask):
             narrowed.append(replace(site, token_mask=mask))

@@ -144,8 +144,8 @@ class ComposerConfig(ConcurrentRolloutConfig):
         default="all",
         metadata={
             "help": "Which tokens of a hint site's turn SDPO distils: 'all', or 'content' (the call's argument values "
-            "and prose, not its envelope, tool name and argument names; a site that failed for its form, such as a "
-            "malformed call, keeps every token). Decision 132."
+            "and prose, not its envelope, tool name and argument names, at every site: a site left with no content "
+            "is dropped). Decisions 132 and 133."
         },
     )
     tool_call_marker: str = field(

@@ -1,5 +1,5 @@
 """A turn's schema tokens against its content tokens, on SmolLM2's real tokenizer, and SDPO distilling only the
-content of a site that did not fail for its form (decision 132)."""
+content of every site (decisions 132, 133)."""
 
 from __future__ import annotations
 
@@ -60,21 +60,25 @@ def site(start: int, end: int, *kinds: str) -> HintSite:
     return HintSite(turn=0, start=start, end=end, hints=("h",), hint_ids=(1,), error_kinds=kinds)
 
 
-def test_a_site_keeps_its_whole_turn_only_where_its_form_failed(tokenizer) -> None:
+def test_every_site_is_narrowed_to_its_content_a_failed_form_too(tokenizer) -> None:
     classes = TurnTokenClasses(tokenizer)
     submit = tokenizer.encode(turn("submit", {}), add_special_tokens=False)
+    misnamed = tokenizer.encode(turn("submit", {"command": "pytest -q"}), add_special_tokens=False)
     bash = tokenizer.encode(turn("bash", {"command": "pytset -q"}), add_special_tokens=False)
-    completion = [*submit, *bash]
-    wrong_submission = site(0, len(submit), ErrorKind.SUBMISSION_FAILED.value)
-    malformed = site(0, len(submit), ErrorKind.TYPE_ERROR.value)
-    wrong_command = site(len(submit), len(completion), ErrorKind.COMMAND_NOT_FOUND.value)
-    privileged = site(len(submit), len(completion))  # a turn that acted in a failed rollout: no failure of its own
-    kept = content_sites([wrong_submission, malformed, wrong_command, privileged], completion, classes)
-    assert [(s.start, s.error_kinds) for s in kept] == [(0, ("type_error",)), (len(submit), ("command_not_found",)), (len(submit), ())]
-    assert kept[0].token_mask is None and kept[0].distilled_tokens == len(submit)
-    for narrowed in kept[1:]:
-        assert tokenizer.decode([t for t, keep in zip(bash, narrowed.token_mask) if keep]) == "pytset -q"
-        assert narrowed.distilled_tokens == sum(narrowed.token_mask) < len(bash)
+    completion = [*submit, *misnamed, *bash]
+    ends = [len(submit), len(submit) + len(misnamed), len(completion)]
+    wrong_submission = site(0, ends[0], ErrorKind.SUBMISSION_FAILED.value)
+    no_content_malformed = site(0, ends[0], ErrorKind.TYPE_ERROR.value)
+    # bash's arguments under submit's name: the teacher must not reach the name the student got wrong
+    misnamed_call = site(ends[0], ends[1], ErrorKind.TYPE_ERROR.value)
+    wrong_command = site(ends[1], ends[2], ErrorKind.COMMAND_NOT_FOUND.value)
+    privileged = site(ends[1], ends[2])  # a turn that acted in a failed rollout: no failure of its own
+    kept = content_sites([wrong_submission, no_content_malformed, misnamed_call, wrong_command, privileged], completion, classes)
+    assert [(s.start, s.error_kinds) for s in kept] == [(ends[0], ("type_error",)), (ends[1], ("command_not_found",)), (ends[1], ())]
+    for narrowed, turn_ids, content in zip(kept, (misnamed, bash, bash), ("pytest -q", "pytset -q", "pytset -q")):
+        assert narrowed.token_mask is not None
+        assert tokenizer.decode([t for t, keep in zip(turn_ids, narrowed.token_mask) if keep]) == content
+        assert narrowed.distilled_tokens == sum(narrowed.token_mask) < len(turn_ids)
 
 
 def test_sdpo_distils_only_a_narrowed_sites_tokens(tmp_path, tokenizer, base_model) -> None:
