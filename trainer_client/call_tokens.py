@@ -128,8 +128,8 @@ class TurnTokenClasses:
 def content_sites(sites: Sequence[HintSite], completion_ids: Sequence[int], classes: TurnTokenClasses) -> list[HintSite]:
     """`sites` with their distilled tokens narrowed to content (decisions 132, 133), at every site: one whose
     turn failed for its form too, since a teacher distilled at the schema of a call the student already got
-    wrong reinforces it (a privileged teacher, sure the work is done, prefers `submit` at the name of a
-    `submit` that carried bash's arguments). A site left with no content token (a `submit` without
+    wrong can confirm it (the whole-turn privileged arm taught `submit` where bash was meant, and its most
+    common form failure is that very `submit` with bash's arguments). A site left with no content token (a `submit` without
     arguments, an unparsable call with no prose) is dropped: the form is GRPO's to learn, from the reward."""
     narrowed = []
     for site in sites:
