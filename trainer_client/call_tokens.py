@@ -129,8 +129,9 @@ def content_sites(sites: Sequence[HintSite], completion_ids: Sequence[int], clas
     """`sites` with their distilled tokens narrowed to content (decisions 132, 133), at every site: one whose
     turn failed for its form too, since a teacher distilled at the schema of a call the student already got
     wrong can confirm it (the whole-turn privileged arm taught `submit` where bash was meant, and its most
-    common form failure is that very `submit` with bash's arguments). A site left with no content token (a `submit` without
-    arguments, an unparsable call with no prose) is dropped: the form is GRPO's to learn, from the reward."""
+    common form failure is that very `submit` with bash's arguments). A site left with no content token (a
+    `submit` without arguments, an unparsable call with no prose) is dropped: the form is GRPO's to learn,
+    from the reward."""
     narrowed = []
     for site in sites:
         mask = classes.content_mask(completion_ids[site.start : site.end])
