@@ -7,7 +7,8 @@ have contexts that extend one another; by default a mini-batch is drawn from suc
 `chat_template_kwargs`, tools (the pair's own, or else the training environment's) and, where given,
 system prompt (in place of the traced agent's). A context
 too long for `max_length` loses its oldest exchanges, never its system prompt, its tools or the
-task's first message. Only the assistant message's tokens are scored. Under several processes each rank holds its own shard of
+task's first message. Only the assistant message's tokens are scored, and by default only up to the last token
+where the two actions differ (`PairTokens`, decision 134). Under several processes each rank holds its own shard of
 the pairs (`rank_shard`). The reference model's log-probs of both are computed by the trainer at
 the first DPO loss and whenever the reference changes (`reference_logps`), and kept with the pairs.
 """
@@ -19,12 +20,34 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from trainer_client.packing import Continuation, PackedBatch, PackedRow, add_context, pack, shares_enough
+from trainer_client.packing import Continuation, PackedBatch, PackedRow, add_context, common_prefix_length, pack, shares_enough
 from trainer_client.records import PreferencePair
+
+
+PairTokens = Literal["differing", "all"]
+"""Which tokens of a pair's two actions DPO scores: `differing`, each action up to its last token that the two do
+not end with in common (`without_common_ending`); `all`, both whole."""
+
+
+def without_common_ending(chosen: Sequence[int], rejected: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The two actions without the tokens they end with in common (decision 134).
+
+    A pair that differs by an edit (a missing colon, a misspelt command) shares the rest of its action, each
+    copy after its own version of the edit. Scored there, DPO pushes the rejected copy down, and a small policy
+    lets that fall on the chosen copy too: the preferred action loses the very tokens it shares with the
+    mistake (likelihood displacement, Razin et al. 2024). Cut, the pair says only what it knows: which edit is
+    preferred. Each action keeps at least its first token past the common start, where the two choices part,
+    so an action that only lacks tokens of the other still has one to score. The common start is kept: its
+    log-probs are the same in both actions and cancel in DPO's margin."""
+    start = common_prefix_length(chosen, rejected)
+    ending, room = 0, min(len(chosen), len(rejected)) - start
+    while ending < room and chosen[-1 - ending] == rejected[-1 - ending]:
+        ending += 1
+    return tuple(chosen[: max(start + 1, len(chosen) - ending)]), tuple(rejected[: max(start + 1, len(rejected) - ending)])
 
 
 def load_preference_pairs(path: str | Path) -> list[PreferencePair]:
@@ -147,6 +170,7 @@ class PreferenceBatches:
         tools: Sequence[Any] | None = None,
         system_messages: Sequence[Mapping[str, Any]] | None = None,
         group_by_context: bool = True,
+        tokens: PairTokens = "differing",
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -162,6 +186,7 @@ class PreferenceBatches:
         self._system_messages = None if system_messages is None else [dict(m) for m in system_messages]
         """Given, they replace a pair's own leading system messages (`_with_system_messages`)."""
         self._max_length = max_length
+        self._tokens = tokens
         self.batch_size = min(batch_size, len(self.pair_ids))
         self.pairs = [self._tokenize(pairs[index]) for index in self.pair_ids]
         self.chains = (
@@ -212,6 +237,8 @@ class PreferenceBatches:
         messages = pair.messages if self._system_messages is None else _with_system_messages(pair.messages, self._system_messages)
         chosen = self._assistant_ids(messages, tools, pair.chosen)
         rejected = self._assistant_ids(messages, tools, pair.rejected)
+        if self._tokens == "differing":
+            chosen, rejected = without_common_ending(chosen, rejected)
         budget = self._max_length - max(len(chosen), len(rejected))
         context = list(self._render(messages, tools, add_generation_prompt=True))
         while len(context) > budget:

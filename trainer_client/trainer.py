@@ -57,7 +57,7 @@ from trainer_client.hint_sites import (
 from trainer_client.packing import takes_shared_prefixes
 from trainer_client.policy_copies import EveryOptimizerSteps
 from trainer_client.policy_forward import BackboneCapture
-from trainer_client.preferences import PreferenceBatches, load_preference_pairs
+from trainer_client.preferences import PairTokens, PreferenceBatches, load_preference_pairs
 from trainer_client.records import PreferencePair
 from trainer_client.rollout_metrics import EpisodeOutcome, rollout_metrics
 from trainer_client.sdpo import SdpoChannel, SdpoSettings
@@ -161,6 +161,14 @@ class ComposerConfig(ConcurrentRolloutConfig):
     dpo_pairs_path: str | None = field(default=None, metadata={"help": "Preference pairs JSONL (PreferencePair)."})
     dpo_batch_size: int = field(default=2, metadata={"help": "Pairs per DPO mini-batch (one per micro-step)."})
     dpo_max_length: int = field(default=2048, metadata={"help": "Longest pair sequence; a longer context loses its oldest exchanges, never the system prompt, tools or task."})
+    dpo_tokens: str = field(
+        default="differing",
+        metadata={
+            "help": "Which tokens of a pair's actions DPO scores: 'differing' (each action up to its last token that "
+            "the two do not end with in common: the edit a pair prefers, not the rest the two share) or 'all'. "
+            "Decision 134."
+        },
+    )
     dpo_group_by_context: bool = field(
         default=True,
         metadata={
@@ -217,6 +225,8 @@ class ComposerConfig(ConcurrentRolloutConfig):
             raise ValueError(f"sdpo_tokens must be one of {get_args(DistilledTokens)}, got {self.sdpo_tokens!r}")
         if self.sdpo_teacher not in ("live", "ema", "base"):
             raise ValueError(f"sdpo_teacher must be 'live', 'ema' or 'base', got {self.sdpo_teacher!r}")
+        if self.dpo_tokens not in get_args(PairTokens):
+            raise ValueError(f"dpo_tokens must be one of {get_args(PairTokens)}, got {self.dpo_tokens!r}")
         if self.dpo_loss_type not in ("sigmoid", "ipo"):
             raise ValueError(f"dpo_loss_type must be 'sigmoid' or 'ipo', got {self.dpo_loss_type!r}")
         if self.dpo_system_prompt not in ("rollout", "trace"):
@@ -331,6 +341,7 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
             batch_size=config.dpo_batch_size,
             max_length=config.dpo_max_length,
             group_by_context=config.dpo_group_by_context,
+            tokens=config.dpo_tokens,
             chat_template=self.chat_template,
             chat_template_kwargs=self.chat_template_kwargs,
             # pairs without their own tools get the rollouts' (one environment class: its tools)

@@ -82,12 +82,12 @@ def test_hint_sites_train_with_the_rollouts_chat_template_kwargs(tmp_path, qwen3
 
 @pytest.mark.parametrize("enable_thinking", [False, True])
 def test_dpo_pairs_are_rendered_with_the_chat_template_kwargs(tmp_path, qwen3_tokenizer, base_model, enable_thinking) -> None:
-    config = make_config(tmp_path, dpo_weight=1.0, chat_template_kwargs={"enable_thinking": enable_thinking})
+    config = make_config(tmp_path, dpo_weight=1.0, dpo_tokens="all", chat_template_kwargs={"enable_thinking": enable_thinking})
     trainer = make_trainer(base_model, qwen3_tokenizer, config, preference_pairs=preference_pairs())
     pair = trainer.dpo.preferences.pairs[0]
     context = qwen3_tokenizer.decode(pair.context_ids)
     assert context.endswith("<|im_start|>assistant\n" + ("" if enable_thinking else EMPTY_THINK))
-    chosen = qwen3_tokenizer.decode(pair.chosen_ids)
+    chosen = qwen3_tokenizer.decode(pair.chosen_ids)  # whole (`dpo_tokens: all`): its rendering is what is checked
     # the action is what the model writes after the header: with thinking on, its (here empty) think block first
     assert chosen.startswith(("" if not enable_thinking else EMPTY_THINK) + "<tool_call>")
     assert chosen.endswith("</tool_call><|im_end|>")
