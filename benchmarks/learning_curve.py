@@ -80,7 +80,8 @@ the template hints (the default source) before the turn; the privileged arm read
 the prompt, the placement where the reference lowered failing turns and left passing ones alone (docs/benchmarks.md,
 "What a hint tells the teacher"), and needs `--privileged-token` (decision 129). The last arm is the privileged
 one distilled at its sites' content tokens only (decisions 132, 133): whether the teacher helps once it cannot move
-which call a turn makes."""
+which call a turn makes. `grpo+sdpo+dpo` adds DPO on the demos' mistake pairs, scored where a pair's two actions
+differ (the trainer's default, decision 134)."""
 MODES = {
     # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64
     # episodes) at the start, the middle and the end. Hours on a GPU; on 2 CPU cores a step alone takes minutes.
