@@ -33,7 +33,6 @@ When stdin reaches EOF (the host closed the channel or died) every running comma
 process group is killed and the supervisor exits, which ends the sandbox.
 """
 
-import argparse
 import ctypes
 import errno
 import functools
@@ -45,12 +44,15 @@ import selectors
 import signal
 import socket
 import stat
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 import warnings
+
+# `subprocess` and `tarfile` (with shutil, bz2 and lzma behind it) are imported where archives are
+# handled, not here: loading them was about a third of the supervisor's imports, all on a cold
+# start's path to the first ping. Each process loads them once, off that path: the supervisor
+# right after dispatching its first request (`Supervisor.serve`), the file worker when it starts.
 
 PROTOCOL_VERSION = 3
 READ_CHUNK = 65536
@@ -231,6 +233,10 @@ class Supervisor:
             except ValueError as exc:
                 request, payload = exc, b""
             threading.Thread(target=self.handle, args=(request, payload), daemon=True).start()
+            # put_sealed_archive's module, loaded right after the first request (the start's ping)
+            # went to its thread and before the next line is read, so that no request can fork a
+            # worker while the import holds a lock the child would inherit. Later lines find it loaded.
+            import tarfile  # noqa: F401
         # The host is gone: nothing may outlive the channel.
         with self.running_lock:
             for pgid in self.running:
@@ -703,7 +709,9 @@ class FileWorker(ForkedWorker):
 def serve_file_operations(sock, workdir):
     """The worker's loop: a request's two frames (JSON, payload) in, the reply's two frames out,
     until the supervisor is gone."""
-    gnu_tar()  # looked up before the first archive asks for it
+    import tarfile  # noqa: F401  (loaded, and tar looked up, before the first archive needs them)
+
+    gnu_tar()
     while (request_line := recv_frame(sock, None)) is not None:
         payload = recv_frame(sock, None)
         if payload is None:
@@ -782,6 +790,8 @@ def extract_sealed(payload, dest):
     Nothing is followed and nothing that existed is written to: `dest` is made with mkdir (it
     fails if the name exists), and everything below it is created relative to descriptors of
     directories made here, with O_EXCL and O_NOFOLLOW, while they are still 0700."""
+    import tarfile
+
     parent, name = os.path.split(os.path.normpath(dest))
     if parent not in SEALED_ROOTS or name in ("", ".", "..") or dest != os.path.join(parent, name):
         raise ValueError(f"a sealed directory must be new and right under one of {SEALED_ROOTS}, not {dest!r}")
@@ -885,6 +895,9 @@ def file_write(workdir, request, payload):
 
 
 def archive_put(workdir, request, payload):
+    import subprocess
+    import tarfile
+
     dest = resolve(workdir, request.get("dest", "."))
     os.makedirs(dest, exist_ok=True)
     # Archives come from the host (a task's files, or a copy of this agent's own workspace),
@@ -917,6 +930,8 @@ def gnu_tar():
     """Path of GNU tar, or None (e.g. busybox): archives then go through `tarfile`, 4-5x slower
     for a workspace of a few hundred files, which every fork and grading copies. Looked up once
     per file worker."""
+    import subprocess
+
     for path in ("/usr/bin/tar", "/bin/tar"):
         try:
             if subprocess.run([path, "--version"], capture_output=True, timeout=10).stdout.startswith(b"tar (GNU tar)"):
@@ -929,6 +944,8 @@ def gnu_tar():
 def start_tar(argv, stdin, stdout):
     """Start tar with its complaints in an anonymous memory file: a full stderr pipe could block
     it, and a file in /tmp could fail where the agent filled /tmp."""
+    import subprocess
+
     errors = os.fdopen(os.memfd_create("tar-errors"), "w+b")
     return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=errors, close_fds=True), errors
 
@@ -973,6 +990,8 @@ def archive_get(workdir, request, payload):
 
     Regular files, directories, symlinks and FIFOs are archived; sockets and devices are left
     out."""
+    import subprocess
+
     root, limit = os.path.normpath(resolve(workdir, request.get("path", "."))), int(request["max_bytes"])
     members = list(walk_tree(root))
     total = sum(TAR_MEMBER_OVERHEAD + len(arcname) + (info.st_size if stat.S_ISREG(info.st_mode) else 0) for _, arcname, info in members)
@@ -1004,6 +1023,8 @@ def archive_get(workdir, request, payload):
 def tarfile_archive(members):
     """The same archive as GNU tar's, made by `tarfile`: regular files are opened without
     following a symlink or blocking on a FIFO and read no further than their counted size."""
+    import tarfile
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:", format=tarfile.PAX_FORMAT) as tar:
         for path, arcname, info in members:
@@ -1025,20 +1046,23 @@ FILE_OPS = {"read_file": file_read, "write_file": file_write, "put_archive": arc
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(prog="supervisor")
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--run-as", help="UID:GID that commands and file operations drop to (the supervisor is root)")
-    args = parser.parse_args(argv)
-    run_as = tuple(int(part) for part in args.run_as.split(":")) if args.run_as else None
+    # `--workdir DIR [--run-as UID:GID]`, exactly as `bootstrap_argv` writes them, parsed by hand:
+    # importing argparse (with gettext and locale) cost every cold start about 10 ms here.
+    options = dict(zip(argv[::2], argv[1::2]))
+    if len(argv) % 2 or not set(options) <= {"--workdir", "--run-as"} or "--workdir" not in options:
+        sys.exit(f"usage: supervisor --workdir DIR [--run-as UID:GID] (UID:GID: what commands and file operations drop to), not {argv}")
+    workdir, run_as = options["--workdir"], options.get("--run-as")
+    run_as = tuple(int(part) for part in run_as.split(":")) if run_as else None
     # The key is the first line after the source, sent before any command can run; it never
     # appears in argv or the environment.
     key = bytes.fromhex(sys.stdin.buffer.readline().decode())
     make_non_dumpable()
     # File operations fork from a threaded process on purpose; the children touch no lock
-    # another thread could hold (no logging, no imports, no sys.stdout) and _exit at once.
+    # another thread could hold (no logging, no sys.stdout; their imports cannot meet a half-done
+    # one of ours, see `Supervisor.serve`) and _exit at once.
     warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
-    os.chdir(args.workdir)
-    Supervisor(args.workdir, key, run_as).serve()
+    os.chdir(workdir)
+    Supervisor(workdir, key, run_as).serve()
 
 
 if __name__ == "__main__":
