@@ -3,7 +3,7 @@
 Standard library only: it runs on whatever `python3` the sandbox has. The host sends this
 file's source over stdin at start-up (see `sandbox.supervisor.bootstrap_argv`), then one JSON
 request per line; every request carries an `id` and every reply echoes it, so requests may be
-served concurrently (one thread each) and a slow command never blocks a `ping`.
+served concurrently (a thread each) and a slow command never blocks a `ping`.
 
 Request:  {"id": 7, "op": "exec", "cmd": "pytest -q", "timeout_s": 30, "env": {}, "output_cap": 65536}
 Reply:    MAC {"id": 7, "ok": true, "exit_code": 0, "signal": null, "stdout": "...", ...}
@@ -40,7 +40,7 @@ import hashlib
 import io
 import json
 import os
-import selectors
+import select
 import signal
 import socket
 import stat
@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import warnings
+from _queue import SimpleQueue
 
 # `subprocess` and `tarfile` (with shutil, bz2 and lzma behind it) are imported where archives are
 # handled, not here: loading them was about a third of the supervisor's imports, all on a cold
@@ -115,17 +116,30 @@ class CappedOutput:
         return head + tail
 
 
+@functools.cache
+def oom_counter():
+    """The file that counts this sandbox's OOM kills, on a `oom_kill N` line: cgroup v2's, else
+    v1's; None when there is neither. Looked up once: every command reads it twice."""
+    return next((path for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control") if os.path.exists(path)), None)
+
+
 def oom_kill_count():
     """Number of OOM kills in this sandbox's memory cgroup so far (None if not readable)."""
-    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+    path = oom_counter()
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
-            with open(path) as f:
-                for line in f:
-                    name, _, value = line.partition(" ")
-                    if name == key:
-                        return int(value)
-        except OSError:
-            continue
+            counters = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    for line in counters.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == b"oom_kill":
+            return int(value)
     return None
 
 
@@ -180,6 +194,35 @@ def make_non_dumpable():
         pass  # no libc to call: the uid split (Docker) still holds
 
 
+class Handlers:
+    """Threads that serve requests, each request on a thread of its own (a long command never
+    holds up a `ping`), kept for the next request when done: starting a thread per request cost
+    about 15 system calls (clone, its stack's mmap and munmap, signal masks), a sizeable part of
+    what the supervisor spends on an `exec true`. A request finds an idle thread or starts one;
+    `idle` counts the threads that will take a request without one being started."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.requests = SimpleQueue()
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, *request):
+        with self.lock:
+            start = self.idle == 0
+            if not start:
+                self.idle -= 1
+        self.requests.put(request)
+        if start:
+            threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            self.handle(*self.requests.get())
+            with self.lock:
+                self.idle += 1
+
+
 class Supervisor:
     def __init__(self, workdir, key, run_as):
         self.key = key
@@ -191,6 +234,7 @@ class Supervisor:
         self.launcher = CommandLauncher(run_as)
         self.launcher.start()
         self.write_lock = threading.Lock()
+        self.handlers = Handlers(self.handle)
         self.running = set()  # process group ids of commands in flight
         self.running_lock = threading.Lock()
 
@@ -232,7 +276,7 @@ class Supervisor:
                 payload = stdin.read(size) if size else b""
             except ValueError as exc:
                 request, payload = exc, b""
-            threading.Thread(target=self.handle, args=(request, payload), daemon=True).start()
+            self.handlers.submit(request, payload)
             # put_sealed_archive's module, loaded right after the first request (the start's ping)
             # went to its thread and before the next line is read, so that no request can fork a
             # worker while the import holds a lock the child would inherit. Later lines find it loaded.
@@ -329,45 +373,44 @@ class Supervisor:
         """
         stdout, stderr = CappedOutput(cap), CappedOutput(cap)
         outputs = {command.stdout: stdout, command.stderr: stderr}
-        selector = selectors.DefaultSelector()
+        open_outputs = set(outputs)
+        poller = select.poll()
         for fd in (*outputs, command.status):
-            selector.register(fd, selectors.EVENT_READ)
+            poller.register(fd, select.POLLIN)
         deadline = time.monotonic() + timeout_s
         timed_out = False
 
         def read_ready(timeout):
-            events = selector.select(timeout)
-            for key, _ in events:
-                if key.fd == command.status:
+            events = poller.poll(timeout * 1000)
+            for fd, _ in events:
+                if fd == command.status:
                     command.read_status()
                     if command.ended:
-                        selector.unregister(key.fd)
+                        poller.unregister(fd)
                     continue
-                chunk = os.read(key.fd, READ_CHUNK)
+                chunk = os.read(fd, READ_CHUNK)
                 if chunk:
-                    outputs[key.fd].feed(chunk)
+                    outputs[fd].feed(chunk)
                 else:
-                    selector.unregister(key.fd)
+                    poller.unregister(fd)
+                    open_outputs.discard(fd)
             return events
 
-        try:
-            while not command.ended:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    kill_group(command.pid, wait=False)
-                    # Until the launcher has reaped the leader, a zombie leader keeps the group
-                    # alive to killpg; its status says it has.
-                    command.read_status_until(lambda c: c.ended, time.monotonic() + GROUP_EXIT_WAIT_S)
-                    break
-                read_ready(remaining)
-            kill_group(command.pid)
-            # What the group wrote before it died is still in the pipes; a writer that escaped
-            # the group (setsid) may hold them open, so read only what is there now.
-            while any(fd in selector.get_map() for fd in outputs) and read_ready(0):
-                pass
-        finally:
-            selector.close()
+        while not command.ended:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                kill_group(command.pid, wait=False)
+                # Until the launcher has reaped the leader, a zombie leader keeps the group
+                # alive to killpg; its status says it has.
+                command.read_status_until(lambda c: c.ended, time.monotonic() + GROUP_EXIT_WAIT_S)
+                break
+            read_ready(remaining)
+        kill_group(command.pid)
+        # What the group wrote before it died is still in the pipes; a writer that escaped
+        # the group (setsid) may hold them open, so read only what is there now.
+        while open_outputs and read_ready(0):
+            pass
         return stdout, stderr, timed_out, command.wait_status
 
 
@@ -504,10 +547,11 @@ class LaunchedCommand:
 
 
 def wait_readable(fd, timeout):
-    """True once `fd` is readable, False when `timeout` seconds pass first."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        return bool(selector.select(timeout))
+    """True once `fd` is readable (or at its end), False when `timeout` seconds pass first.
+    `poll`, not an epoll selector: no descriptor to make and close per wait."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 class CommandLauncher(ForkedWorker):
@@ -586,12 +630,12 @@ def serve_commands(sock):
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     status_of = {}  # pid -> the write end of its status pipe
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    selector.register(wake_read, selectors.EVENT_READ)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
     while True:
-        for key, _ in selector.select():
-            if key.fileobj is sock:
+        for fd, _ in poller.poll():
+            if fd == sock.fileno():
                 received = recv_command(sock)
                 if received is None:
                     return

@@ -75,3 +75,22 @@ def test_a_slow_command_does_not_block_other_requests(sandbox: Sandbox) -> None:
     sandbox.write_file("go", "")
     waiter.join()
     assert results[0].stdout == "went\n" and not results[0].timed_out
+
+
+def test_requests_in_flight_at_once_each_run_at_once(sandbox: Sandbox) -> None:
+    # Each command finishes only once all four are running: served one after another (a handler
+    # thread reused while busy, or too few started after earlier requests), every one times out.
+    for _ in range(3):
+        sandbox.exec("true", timeout_s=10)
+    every_ready = " && ".join(f"[ -f ready-{k} ]" for k in range(4))
+    results: list = [None] * 4
+
+    def run(k: int) -> None:
+        results[k] = sandbox.exec(f"touch ready-{k}; until {every_ready}; do sleep 0.01; done; echo {k}", timeout_s=30)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [(r.stdout, r.timed_out) for r in results] == [(f"{k}\n", False) for k in range(4)]
