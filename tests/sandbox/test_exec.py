@@ -24,6 +24,12 @@ def test_commands_run_in_the_workspace_with_a_fixed_environment(sandbox: Sandbox
     assert result.stdout == f"{sandbox.spec.workdir}\ncat true 1 x\n"
 
 
+def test_commands_run_in_the_utf8_locale(sandbox: Sandbox) -> None:
+    # The image keeps C.UTF-8 in a locale archive (a cheaper start): the locale must load from it.
+    result = sandbox.exec("locale charmap; printf '\\303\\251' | wc -m", timeout_s=10)
+    assert (result.stdout, result.stderr) == ("UTF-8\n1\n", "")
+
+
 def test_commands_run_as_an_unprivileged_user(sandbox: Sandbox) -> None:
     assert sandbox.exec("id -u").stdout.strip() == "1000"
 
