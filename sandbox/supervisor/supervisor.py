@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 import warnings
-from _queue import SimpleQueue
+from _queue import SimpleQueue  # what `queue.SimpleQueue` is, without importing `queue` on the cold start's path
 
 # `subprocess` and `tarfile` (with shutil, bz2 and lzma behind it) are imported where archives are
 # handled, not here: loading them was about a third of the supervisor's imports, all on a cold
