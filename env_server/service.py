@@ -194,7 +194,7 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
             hints=hints,
             episode_log=episode_log,
             session_id=session_id,
-            retire=lambda sandbox: executor.submit(sandbox.close),
+            retire=pool.retire if pool is not None else lambda sandbox: executor.submit(sandbox.close),
             grading=settings.grading,
             infrastructure_alive=engine_alive,
         )

@@ -1,9 +1,10 @@
 """A warm pool: sandboxes started ahead of time so a session gets one in milliseconds.
 
-Sandboxes are single-use: `checkout` hands one out for good (the caller closes it) and the
-background starters replace it. A sandbox that died while waiting (OOM, engine restart) is
-found by the liveness ping at checkout, closed and skipped. Callers waiting for a sandbox are
-served in arrival order, so under a burst no caller waits behind later ones.
+Sandboxes are single-use: `checkout` hands one out for good (the caller closes it, or hands it
+to `retire` to have it closed a moment later) and the background starters replace it. A
+sandbox that died while waiting (OOM, engine restart) is found by the liveness ping at
+checkout, closed and skipped. Callers waiting for a sandbox are served in arrival order, so
+under a burst no caller waits behind later ones.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from sandbox.spec import Backend, SandboxSpec
 log = logging.getLogger(__name__)
 
 REFILL_DELAY_S = 0.3
-"""How long after the first checkout from a full pool its replacements may wait to start: a
-container start costs the engine CPU that the request which just took a sandbox (a reset's
-files, a fork's copy) would otherwise share (decision 012)."""
+"""How long after the first checkout from a full pool its replacements may wait to start, and
+how long `retire` waits before it closes a sandbox: a container start or removal costs the engine
+CPU that the request which just took or handed back a sandbox (a reset's files, a fork's copy)
+would otherwise share (decisions 012, 013)."""
 
 MAX_RETRY_DELAY_S = 5.0
 """Longest pause between attempts when starting sandboxes keeps failing (e.g. missing image)."""
@@ -66,6 +68,8 @@ class WarmPool:
         """When a sandbox last became ready or was handed out alive: checkouts time out on a stall."""
         self._refill_at: float | None = None
         """When replacements may start (the first checkout from a full pool plus the delay)."""
+        self._retiring: dict[threading.Timer, Sandbox] = {}
+        """Retired sandboxes not yet closed, each under the timer that closes it when it fires."""
         self._changed = threading.Condition()
         self._starters = [
             threading.Thread(target=self._keep_filled, name=f"warm-pool-starter-{i}", daemon=True) for i in range(parallel_starts)
@@ -131,6 +135,25 @@ class WarmPool:
                     self._waiting.remove(turn)
                     self._changed.notify_all()
 
+    def retire(self, sandbox: Sandbox) -> None:
+        """Close `sandbox` `refill_delay_s` from now, in the background, so that the request which
+        handed it back (a reset) does not share the CPU with its removal (decision 013)."""
+
+        def close_when_due() -> None:
+            with self._changed:
+                if self._retiring.pop(timer, None) is None:
+                    return  # the pool's close() has taken it
+            sandbox.close()
+
+        timer = threading.Timer(self.refill_delay_s, close_when_due)
+        timer.daemon = True
+        with self._changed:
+            if not self._closed:
+                self._retiring[timer] = sandbox
+                timer.start()
+                return
+        sandbox.close()
+
     def _keep_filled(self) -> None:
         failures = 0
         while True:
@@ -175,6 +198,11 @@ class WarmPool:
             self._changed.notify_all()
         for thread in self._starters:
             thread.join()
+        with self._changed:
+            retiring, self._retiring = self._retiring, {}
+        for timer, sandbox in retiring.items():  # closed now rather than when the timer fires
+            timer.cancel()
+            sandbox.close()
         for sandbox in list(self._started):
             sandbox.close()
         self._ready.clear()

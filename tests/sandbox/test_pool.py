@@ -82,3 +82,37 @@ def test_checkout_after_close_fails() -> None:
     pool.close()
     with pytest.raises(SandboxError, match="closed"):
         pool.checkout(timeout_s=1)
+
+
+
+class FakeSandbox:
+    """What the pool uses of a sandbox: an id, a liveness ping and `close`."""
+
+    def __init__(self) -> None:
+        self.id = f"fake-{id(self):x}"
+        self.closed = threading.Event()
+
+    def is_alive(self, timeout_s: float) -> bool:
+        return not self.closed.is_set()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_a_retired_sandbox_is_closed_in_the_background() -> None:
+    with WarmPool(SPEC, size=1, start=lambda spec: FakeSandbox(), refill_delay_s=0.01) as pool:
+        retired = pool.checkout()
+        pool.retire(retired)
+        assert retired.closed.wait(timeout=30)
+
+
+def test_retired_sandboxes_wait_out_the_delay_and_close_with_the_pool() -> None:
+    pool = WarmPool(SPEC, size=1, start=lambda spec: FakeSandbox(), refill_delay_s=3600)
+    retired = pool.checkout()
+    pool.retire(retired)
+    assert not retired.closed.is_set()  # an hour's delay: still waiting to be closed
+    pool.close()
+    assert retired.closed.is_set()
+    late = FakeSandbox()
+    pool.retire(late)  # a closed pool closes at once
+    assert late.closed.is_set()
