@@ -143,7 +143,10 @@ class WarmPool:
             with self._changed:
                 if self._retiring.pop(timer, None) is None:
                     return  # the pool's close() has taken it
-            sandbox.close()
+            try:
+                sandbox.close()
+            except Exception as exc:  # nobody waits on this thread: say it here
+                log.warning("closing retired sandbox %s failed: %s", sandbox.id, exc)
 
         timer = threading.Timer(self.refill_delay_s, close_when_due)
         timer.daemon = True
