@@ -67,9 +67,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"sdpo_weight": 0.0, "dpo_weight": 0.0},
     "grpo+sdpo(sibling+reference)": {
         "sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"], "hint_placement": "after_prompt",
+        "sdpo_tokens": "all",
     },
-    "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0},
-    "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1},
+    "grpo+sdpo": {"sdpo_weight": 0.5, "dpo_weight": 0.0, "sdpo_tokens": "all"},
+    "grpo+sdpo+dpo": {"sdpo_weight": 0.5, "dpo_weight": 0.1, "sdpo_tokens": "all"},
     "grpo+sdpo(sibling+reference,content)": {
         "sdpo_weight": 0.5, "dpo_weight": 0.0, "hint_sources": ["sibling", "reference"], "hint_placement": "after_prompt",
         "sdpo_tokens": "content",
@@ -81,7 +82,8 @@ the prompt, the placement where the reference lowered failing turns and left pas
 "What a hint tells the teacher"), and needs `--privileged-token` (decision 129). The last arm is the privileged
 one distilled at its sites' content tokens only (decisions 132, 133): whether the teacher helps once it cannot move
 which call a turn makes. `grpo+sdpo+dpo` adds DPO on the demos' mistake pairs, scored where a pair's two actions
-differ (the trainer's default, decision 134)."""
+differ (the trainer's default, decision 134). The first four arms distil whole turns (`sdpo_tokens: all`), the
+trainer's default when their cells ran; it is `content` since decision 135."""
 MODES = {
     # Issue 32's ablation: 3 seeds x 20 steps of 4 rollouts, held-out evaluation of 32 tasks x 2 samples (64
     # episodes) at the start, the middle and the end. Hours on a GPU; on 2 CPU cores a step alone takes minutes.

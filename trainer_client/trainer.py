@@ -141,11 +141,12 @@ class ComposerConfig(ConcurrentRolloutConfig):
     )
     hint_role: str = field(default="user", metadata={"help": "Chat role of the hint message the teacher reads."})
     sdpo_tokens: str = field(
-        default="all",
+        default="content",
         metadata={
-            "help": "Which tokens of a hint site's turn SDPO distils: 'all', or 'content' (the call's argument values "
-            "and prose, not its envelope, tool name and argument names, at every site: a site left with no content "
-            "is dropped). Decisions 132 and 133."
+            "help": "Which tokens of a hint site's turn SDPO distils: 'content' (the call's argument values and prose, "
+            "not its envelope, tool name and argument names, at every site: a site left with no content is dropped) "
+            "or 'all'. Distilled whole, a teacher moved which call a turn makes and collapsed the policy (decisions "
+            "132, 133, 135)."
         },
     )
     tool_call_marker: str = field(

@@ -238,10 +238,12 @@ def train_scripted(
     trainer_class: type[ScriptedPolicyTrainer], settings: ClientSettings, tokenizer: Any, base_model: torch.nn.Module,
     directory: Path, **config: Any,
 ) -> Any:
-    """One optimizer step of `trainer_class` on four fizzbuzz rollouts (groups of two) through the service."""
+    """One optimizer step of `trainer_class` on four fizzbuzz rollouts (groups of two) through the service.
+    Sites are distilled whole (`sdpo_tokens: all`): these tests check which turns become sites, before
+    `content` narrows them (tests/trainer/test_call_tokens.py)."""
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "task_id": "builtin/fizzbuzz"}] * 4)
     defaults = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, max_completion_length=2048,
-                    max_tool_calling_iterations=4, sdpo_weight=1.0)
+                    max_tool_calling_iterations=4, sdpo_weight=1.0, sdpo_tokens="all")
     trainer = trainer_class(  # a copy: TRL patches `forward` on the instance it trains
         model=copy.deepcopy(base_model), args=make_config(directory, **{**defaults, **config}), train_dataset=dataset,
         processing_class=tokenizer, environment_factory=environment_factory(settings),

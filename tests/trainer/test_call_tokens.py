@@ -107,8 +107,8 @@ def test_sdpo_distils_only_a_narrowed_sites_tokens(tmp_path, tokenizer, base_mod
     assert recorded[1] == pytest.approx((per_token[mask].mean().item(), mask.sum().item()), rel=1e-3)
 
 
-def test_the_trainer_narrows_sites_only_when_asked(tmp_path, tokenizer, base_model) -> None:
-    assert make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))._token_classes is None
-    assert make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0, sdpo_tokens="content"))._token_classes is not None
+def test_the_trainer_narrows_sites_unless_told_to_distil_whole_turns(tmp_path, tokenizer, base_model) -> None:
+    assert make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0))._token_classes is not None
+    assert make_trainer(base_model, tokenizer, make_config(tmp_path, sdpo_weight=1.0, sdpo_tokens="all"))._token_classes is None
     with pytest.raises(ValueError, match="sdpo_tokens"):
         make_config(tmp_path, sdpo_tokens="arguments")

@@ -115,6 +115,7 @@ def runs(service_url, tokenizer, base_model, tmp_path_factory) -> dict[str, tupl
             max_steps=2,
             max_completion_length=256,
             sdpo_weight=1.0,
+            sdpo_tokens="all",  # whole turns: the `submit {}` turn is a site too
             dpo_weight=0.5,
             dpo_batch_size=2,
             jsd_top_k=64,

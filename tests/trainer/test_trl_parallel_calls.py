@@ -71,7 +71,8 @@ class ThreeCallTurnTrainer(ComposerTrainer):
 def test_a_turn_with_several_calls_runs_them_in_order_up_to_the_cap(service_url, tokenizer, base_model, tmp_path, concurrent) -> None:
     factory = environment_factory(ClientSettings(base_url=service_url, api_token=SERVICE_TOKEN))
     config = make_config(
-        tmp_path, max_steps=1, max_completion_length=1024, sdpo_weight=1.0, concurrent_tool_calls=concurrent, concurrent_resets=concurrent
+        tmp_path, max_steps=1, max_completion_length=1024, sdpo_weight=1.0, sdpo_tokens="all",  # whole turns: `submit {}` is a site
+        concurrent_tool_calls=concurrent, concurrent_resets=concurrent
     )
     trainer = ThreeCallTurnTrainer(
         model=copy.deepcopy(base_model),
