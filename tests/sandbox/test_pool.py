@@ -84,7 +84,6 @@ def test_checkout_after_close_fails() -> None:
         pool.checkout(timeout_s=1)
 
 
-
 class FakeSandbox:
     """What the pool uses of a sandbox: an id, a liveness ping and `close`."""
 
