@@ -4,9 +4,11 @@
     python benchmarks/grading_latency.py --generate inflection==0.5.1 --generate cachetools==5.5.0 --n 10
     python benchmarks/grading_latency.py --tiny               # both, one task each (offline)
 
-Grading: for each suite, the reference solution of `--tasks` tasks is graded twice, once with a
-cold fresh sandbox per grade (`grade`'s default) and once with the grading sandbox taken from a
-warm pool whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached). Baseline in the same run: opening and closing one cold
+Grading: for each suite, the reference solution of `--tasks` tasks is graded three times: with a
+cold fresh sandbox per grade (`grade`'s default); with the grading sandbox taken from a warm pool
+whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached) and closed before
+`grade` returns; and as the service grades, from that pool and handed to `WarmPool.retire`, which
+closes it in the background (decision 013). Baseline in the same run: opening and closing one cold
 sandbox, the floor of cold grading. Generation: `generate_project(FeatureDeletion(), ...)` into a scratch
 cache; tasks per minute and the share of tried candidates that became tasks. Every reference solution
 must earn 1.0, cold and warm (else the grader timed a failure) and every generation must give a task.
@@ -64,15 +66,20 @@ def bench_grading(tasks_per_suite: int, suites: list[str] | None, baseline_start
                 continue
             cold: list[float] = []
             warm: list[float] = []
+            retired: list[float] = []
             for task_id in chosen:
                 task = registry.get(task_id)
                 checked_exec(agent, "find . /tmp -mindepth 1 -delete")
                 prepare_workspace(agent, task)
                 solve(agent, task.metadata)
                 cold.append(checked_grade(grade(agent, task), task_id).grading_ms)
+                pool.wait_ready()  # each warm grade checks out a ready sandbox, not one still starting
                 warm.append(checked_grade(grade(agent, task, fresh_sandbox=pool.checkout), task_id).grading_ms)
+                pool.wait_ready()
+                retired.append(checked_grade(grade(agent, task, fresh_sandbox=pool.checkout, retire=pool.retire), task_id).grading_ms)
             print(row(f"{suite} / cold", cold, baseline))
             print(row(f"{suite} / warm pool, prewarmed", warm, baseline))
+            print(row(f"{suite} / warm pool, prewarmed, retired (the service's)", retired, baseline))
 
 
 def bench_generation(projects: list[str], n: int) -> None:

@@ -56,10 +56,11 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         infrastructure_alive: Callable[[], bool] = lambda: True,
     ) -> None:
         """`grader_checkout` gives the fresh sandbox each submission is graded in (default:
-        `checkout`). `retire` disposes of a finished episode's sandbox; the service passes one that
-        closes it in the background, so removing a container (~150 ms) is not on the path of reset
-        or submit. `infrastructure_alive` says whether the sandbox engine answers; with the grader's
-        checkout it decides who a dead sandbox is blamed on (docs/decisions/024-who-ends-an-episode.md)."""
+        `checkout`). `retire` disposes of a finished episode's sandbox and of each grading sandbox
+        once its checks ran; the service passes one that closes it in the background, so removing a
+        container (~150 ms) is not on the path of reset or submit. `infrastructure_alive` says whether
+        the sandbox engine answers; with the grader's checkout it decides who a dead sandbox is blamed
+        on (docs/decisions/024-who-ends-an-episode.md)."""
         super().__init__()
         self._checkout = checkout
         self._retire = retire
@@ -217,7 +218,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
             raise ServiceError(ApiErrorCode.SANDBOX_UNAVAILABLE, f"no sandbox could be started: {exc}") from exc
 
     def _workspace(self, sandbox: Sandbox, task: TaskSpec) -> Workspace:
-        return Workspace(sandbox, task, fresh_sandbox=self._runner.open_grader, grading=self._grading)
+        return Workspace(sandbox, task, fresh_sandbox=self._runner.open_grader, retire=self._retire, grading=self._grading)
 
     def _active_episode(self, allow_done: bool = False) -> Episode:
         if self._episode is None:

@@ -33,6 +33,8 @@ class Workspace:
     task: TaskSpec
     fresh_sandbox: Callable[[], Sandbox]
     """Opens the clean sandbox the hidden tests run in (a warm-pool checkout)."""
+    retire: Callable[[Sandbox], None] = Sandbox.close
+    """Disposes of that sandbox once its checks ran (the service's closes it in the background)."""
     grading: GradingConfig = field(default_factory=GradingConfig)
     """How `submit` grades (the service sets the monitor penalty)."""
 
@@ -270,7 +272,7 @@ def run_tests(ws: Workspace) -> CallOutcome:
 @tool
 def submit(ws: Workspace, *, monitor_flags: Sequence[MonitorFlag] = ()) -> CallOutcome:
     """Finish the episode: grade the workspace with the hidden tests and return the reward."""
-    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, monitor_flags=monitor_flags, config=ws.grading)
+    result = grade(ws.sandbox, ws.task, fresh_sandbox=ws.fresh_sandbox, retire=ws.retire, monitor_flags=monitor_flags, config=ws.grading)
     if result.error_kind is not None:  # the workspace could not be graded: the agent's doing, reward 0
         summary = f"Submitted, but grading failed: {result.error}. Reward {result.reward:.3f}."
         return CallOutcome(summary, error_kind=result.error_kind, grade=result, end=EpisodeEnd(result.error or summary, aborted=False))

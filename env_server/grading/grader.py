@@ -697,14 +697,17 @@ def grade(
     task: TaskSpec,
     *,
     fresh_sandbox: Callable[[], Sandbox] | None = None,
+    retire: Callable[[Sandbox], None] = Sandbox.close,
     monitor_flags: Iterable[MonitorFlag] = (),
     config: GradingConfig | None = None,
 ) -> GradeResult:
     """Grade the agent's workspace in `sandbox` with the task's hidden checks. Never raises for
     what the workspace holds (reward 0, `error_kind` `grading_error`).
 
-    `fresh_sandbox` opens the sandbox the checks run in (e.g. a warm pool's checkout); it is
-    closed afterwards. By default it is `sandbox.open_fresh` (same backend and spec).
+    `fresh_sandbox` opens the sandbox the checks run in (e.g. a warm pool's checkout); by default
+    `sandbox.open_fresh` (same backend and spec). Once the checks ran it is handed to `retire`, which
+    closes it at once by default; the service's closes it in the background, so removing the container
+    is not part of the submit's answer (decision 013).
     `monitor_flags` are the episode's flags (`scan_tool_call`); the penalty applies to them too.
     Raises `SandboxError` only when the agent's sandbox is dead or no grading sandbox opens.
     """
@@ -730,16 +733,18 @@ def grade(
     except Exception as error:  # e.g. an unreadable file or a corrupt member: the workspace's doing
         return failed(f"the workspace could not be copied out ({type(error).__name__})")
     flags |= set(tamper_flags(submission, task))
-    with (fresh_sandbox or sandbox.open_fresh)() as grader:
-        try:
-            if task.hidden_calls:
-                verdict = _grade_calls(grader, task, submission, config)
-            else:
-                verdict = _grade_pytest(grader, task, submission)
-        except GradingUnavailable as error:
-            return failed(str(error))
-        except Exception as error:  # the submission's code was running: a sandbox it broke is its doing
-            return failed(f"the submission could not be graded ({type(error).__name__})")
+    grader = (fresh_sandbox or sandbox.open_fresh)()
+    try:
+        if task.hidden_calls:
+            verdict = _grade_calls(grader, task, submission, config)
+        else:
+            verdict = _grade_pytest(grader, task, submission)
+    except GradingUnavailable as error:
+        return failed(str(error))
+    except Exception as error:  # the submission's code was running: a sandbox it broke is its doing
+        return failed(f"the submission could not be graded ({type(error).__name__})")
+    finally:
+        retire(grader)
     flags |= set(verdict.flags)
     total = len(verdict.passed) + len(verdict.failed)
     reward = task.reward_for(len(verdict.passed), total)

@@ -140,14 +140,44 @@ def environment_action(tool_name: str, arguments: dict) -> AnyAction:
     return ACTIONS.validate_python({"type": "call_tool", "tool_name": tool_name, "arguments": arguments})
 
 
-def _environment(grader_checkout: Callable[[], Sandbox], engine_alive: Callable[[], bool] = lambda: True) -> CodingEnvironment:
+def _environment(
+    grader_checkout: Callable[[], Sandbox], engine_alive: Callable[[], bool] = lambda: True, retire: Callable[[Sandbox], None] = Sandbox.close
+) -> CodingEnvironment:
     return CodingEnvironment(
         checkout=lambda: open_sandbox(SandboxSpec()),
         grader_checkout=grader_checkout,
         tasks=builtin_registry(),
         hints=HintGenerator(HintSettings(), list(TOOLS)),
         infrastructure_alive=engine_alive,
+        retire=retire,
     )
+
+
+def test_the_grading_sandbox_is_handed_to_retire_still_open() -> None:
+    # Closing it is left to `retire` (the service's closes it in the background): removing a
+    # container would otherwise be part of every submit's answer.
+    graders: list[Sandbox] = []
+    retired: list[tuple[Sandbox, bool]] = []
+
+    def grader_checkout() -> Sandbox:
+        graders.append(open_sandbox(SandboxSpec()))
+        return graders[-1]
+
+    def retire(sandbox: Sandbox) -> None:
+        retired.append((sandbox, sandbox.is_alive()))
+        sandbox.close()
+
+    environment = _environment(grader_checkout, retire=retire)
+    try:
+        environment.reset(task=_task())
+        environment.step(environment_action("write_file", {"path": "solution.py", "content": ADD_SOLUTION}))
+        final = environment.step(environment_action("submit", {}))
+        assert final.done is True and final.reward == 1.0
+        (grader,) = graders
+        assert (grader, True) in retired
+        assert len(retired) == 2  # the grading sandbox, then the episode's own
+    finally:
+        environment.close()
 
 
 def _no_grading_sandbox() -> Sandbox:
