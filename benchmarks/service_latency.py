@@ -5,9 +5,10 @@
 Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
 1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
 2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), and
-   the service overhead = step p50 - baseline p50; beside each, the CPU it cost (user + system, all
-   threads): the service process's per step, this process's per baseline exec (a busy VM inflates CPU
-   time too, by the same factor for both when measured together, so compare their ratio);
+   the service overhead = step p50 - baseline p50; the three are timed in turns (exec, WebSocket step,
+   HTTP step, the order rotating), so that the VM's drift falls on all three alike; beside each, the CPU it
+   cost (user + system, all threads): the service process's per step, this process's per baseline exec (a
+   busy VM inflates CPU time too, by the same factor for all when measured together, so compare ratios);
 3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
 4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
 Every timed reply is checked: a refused or failed step, reset or exec fails the run. `--tiny`: a few
@@ -27,7 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import docker
@@ -35,7 +37,7 @@ import httpx
 import websockets
 import websockets.sync.client
 
-from samples import checked_exec, checked_step, percentile, timed_ms
+from samples import checked_exec, checked_step, percentile
 from sandbox import SandboxSpec, open_sandbox
 from sandbox.docker_backend import OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
 
@@ -52,11 +54,25 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_with_cpu_ms(action: Callable[[], object], repeat: int, pid: int) -> tuple[list[float], float]:
-    """`timed_ms(action, repeat)`, and the CPU milliseconds process `pid` used per call meanwhile."""
-    before = process_cpu_s(pid)
-    samples = timed_ms(action, repeat)
-    return samples, (process_cpu_s(pid) - before) * 1000 / repeat
+def timed_in_turns(series: dict[str, tuple[Callable[[], object], int]], repeat: int) -> dict[str, tuple[list[float], float]]:
+    """Each of `series`' actions (name -> the action, and the process whose CPU it costs) timed `repeat` times,
+    the actions taking turns in an order that rotates every round. This VM's speed drifts by the minute, and a
+    series timed after another would carry the drift into their difference; taken in turns, a slower minute
+    slows every series alike. Returns name -> (milliseconds of each call, CPU milliseconds that process used
+    per call, all its threads: a busy VM inflates CPU time too, by the same factor for every series)."""
+    names = list(series)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    cpu_s = dict.fromkeys(names, 0.0)
+    for round_ in range(repeat):
+        turn = round_ % len(names)
+        for name in names[turn:] + names[:turn]:
+            action, pid = series[name]
+            cpu_before = process_cpu_s(pid)
+            start = time.perf_counter()
+            action()
+            samples[name].append((time.perf_counter() - start) * 1000)
+            cpu_s[name] += process_cpu_s(pid) - cpu_before
+    return {name: (samples[name], cpu_s[name] * 1000 / repeat) for name in names}
 
 
 def report(name: str, samples_ms: list[float], cpu_ms: float | None = None) -> float:
@@ -108,13 +124,16 @@ def wait_pool(http: httpx.Client, ready: int) -> None:
     raise SystemExit("warm pool did not fill")
 
 
-def bench_baseline(steps: int, warm_up: int) -> float:
+@contextmanager
+def exec_baseline() -> Iterator[Callable[[], object]]:
+    """`sandbox.exec("true")` on a sandbox opened in this process: what a step wraps."""
     with open_sandbox(SandboxSpec()) as sandbox:
-        timed_ms(lambda: checked_exec(sandbox, "true"), warm_up)
-        return report("sandbox exec `true` (baseline)", *timed_with_cpu_ms(lambda: checked_exec(sandbox, "true"), steps, os.getpid()))
+        yield lambda: checked_exec(sandbox, "true")
 
 
-def bench_websocket(address: str, steps: int, warm_up: int, service_pid: int) -> float:
+@contextmanager
+def websocket_step(address: str) -> Iterator[Callable[[], object]]:
+    """One `bash true` step over a WebSocket session, its reply checked."""
     with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
         ws.send(json.dumps({"type": "reset", "data": TASK}))
         if json.loads(ws.recv())["type"] != "observation":
@@ -127,14 +146,13 @@ def bench_websocket(address: str, steps: int, warm_up: int, service_pid: int) ->
                 raise RuntimeError(f"a timed step was refused: {json.dumps(frame)[:500]}")
             checked_step(frame["data"])
 
-        timed_ms(step, warm_up)
-        return report("step `bash true` via WebSocket", *timed_with_cpu_ms(step, steps, service_pid))
+        yield step
 
 
-def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_up: int, service_pid: int) -> float:
-    session_id = http.post("/sessions").raise_for_status().json()["session_id"]
-    http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
-    # A keep-alive stdlib connection: a thin client, so the figure is the service's, not httpx's.
+@contextmanager
+def http_step(address: str, session_id: str) -> Iterator[Callable[[], object]]:
+    """One `bash true` step of HTTP session `session_id`, its reply checked, over a keep-alive stdlib
+    connection: a thin client, so the figure is the service's, not httpx's."""
     host, port = address.split(":")
     connection = HTTPConnection(host, int(port))
     body = json.dumps({"action": BASH_TRUE})
@@ -147,18 +165,36 @@ def bench_http(http: httpx.Client, address: str, steps: int, resets: int, warm_u
             raise RuntimeError(f"a timed step answered {response.status}: {answer[:500]!r}")
         checked_step(json.loads(answer))
 
-    timed_ms(step, warm_up)
-    p50 = report("step `bash true` via HTTP session", *timed_with_cpu_ms(step, steps, service_pid))
-    connection.close()
-    reset_samples = []
+    try:
+        yield step
+    finally:
+        connection.close()
+
+
+def bench_steps(http: httpx.Client, address: str, session_id: str, steps: int, warm_up: int, service_pid: int) -> None:
+    """The baseline exec and a step over each transport, timed in turns; the service's overhead is a step's p50
+    less the baseline's."""
+    with exec_baseline() as baseline, websocket_step(address) as over_websocket, http_step(address, session_id) as over_http:
+        series = {
+            "sandbox exec `true` (baseline)": (baseline, os.getpid()),
+            "step `bash true` via WebSocket": (over_websocket, service_pid),
+            "step `bash true` via HTTP session": (over_http, service_pid),
+        }
+        timed_in_turns(series, warm_up)
+        p50 = {name: report(name, samples, cpu_ms) for name, (samples, cpu_ms) in timed_in_turns(series, steps).items()}
+    exec_p50, ws_p50, http_p50 = p50.values()
+    print(f"service overhead over raw exec (p50): WebSocket {ws_p50 - exec_p50:+.2f} ms "
+          f"({ws_p50 / exec_p50:.2f}x), HTTP {http_p50 - exec_p50:+.2f} ms ({http_p50 / exec_p50:.2f}x)")
+
+
+def bench_resets(http: httpx.Client, session_id: str, resets: int) -> None:
+    samples = []
     for _ in range(resets):
         wait_pool(http, 2)
         start = time.perf_counter()
         http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
-        reset_samples.append((time.perf_counter() - start) * 1000)
-    report("reset from the warm pool (HTTP)", reset_samples)
-    http.delete(f"/sessions/{session_id}").raise_for_status()
-    return p50
+        samples.append((time.perf_counter() - start) * 1000)
+    report("reset from the warm pool (HTTP)", samples)
 
 
 async def bench_load(address: str, sessions: int, steps: int) -> None:
@@ -224,11 +260,11 @@ def main() -> None:
     try:
         with httpx.Client(base_url=f"http://{address}", timeout=300) as http:
             wait_pool(http, args.pool_size)
-            baseline = bench_baseline(args.steps, args.warm_up)
-            ws_p50 = bench_websocket(address, args.steps, args.warm_up, process.pid)
-            http_p50 = bench_http(http, address, args.steps, args.resets, args.warm_up, process.pid)
-            print(f"service overhead over raw exec (p50): WebSocket {ws_p50 - baseline:+.2f} ms "
-                  f"({ws_p50 / baseline:.2f}x), HTTP {http_p50 - baseline:+.2f} ms ({http_p50 / baseline:.2f}x)")
+            session_id = http.post("/sessions").raise_for_status().json()["session_id"]
+            http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
+            bench_steps(http, address, session_id, args.steps, args.warm_up, process.pid)
+            bench_resets(http, session_id, args.resets)
+            http.delete(f"/sessions/{session_id}").raise_for_status()
         if args.sessions:
             asyncio.run(bench_load(address, args.sessions, args.load_steps))
     finally:
