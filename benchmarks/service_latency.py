@@ -171,7 +171,7 @@ def http_step(address: str, session_id: str) -> Iterator[Callable[[], object]]:
         connection.close()
 
 
-def bench_steps(http: httpx.Client, address: str, session_id: str, steps: int, warm_up: int, service_pid: int) -> None:
+def bench_steps(address: str, session_id: str, steps: int, warm_up: int, service_pid: int) -> None:
     """The baseline exec and a step over each transport, timed in turns; the service's overhead is a step's p50
     less the baseline's."""
     with exec_baseline() as baseline, websocket_step(address) as over_websocket, http_step(address, session_id) as over_http:
@@ -262,7 +262,7 @@ def main() -> None:
             wait_pool(http, args.pool_size)
             session_id = http.post("/sessions").raise_for_status().json()["session_id"]
             http.post(f"/sessions/{session_id}/reset", json=TASK).raise_for_status()
-            bench_steps(http, address, session_id, args.steps, args.warm_up, process.pid)
+            bench_steps(address, session_id, args.steps, args.warm_up, process.pid)
             bench_resets(http, session_id, args.resets)
             http.delete(f"/sessions/{session_id}").raise_for_status()
         if args.sessions:
