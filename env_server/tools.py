@@ -33,7 +33,7 @@ class Workspace:
     task: TaskSpec
     fresh_sandbox: Callable[[], Sandbox]
     """Opens the clean sandbox the hidden tests run in (a warm-pool checkout)."""
-    retire: Callable[[Sandbox], None] = Sandbox.close
+    retire: Callable[[Sandbox], None]
     """Disposes of that sandbox once its checks ran (the service's closes it in the background)."""
     grading: GradingConfig = field(default_factory=GradingConfig)
     """How `submit` grades (the service sets the monitor penalty)."""
