@@ -86,16 +86,18 @@ def start_service(pool_size: int, max_sessions: int | None = None, **settings: s
     """`coding-env serve` on a free loopback port, once it is ready; returns it and its address.
 
     `settings` are further `CODING_ENV_*` variables (e.g. `CODING_ENV_GRADING_POOL_SIZE="2"`)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # Bound and listening here, handed over with --fd: uvicorn logs its start-up complete before it
+    # binds a --port itself, so a client that waited for that line could be refused.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
     env = {**os.environ, "CODING_ENV_POOL_SIZE": str(pool_size), "CODING_ENV_LOG_LEVEL": "info", **settings}
     if max_sessions is not None:
         env["CODING_ENV_MAX_SESSIONS"] = str(max_sessions)
-    process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("coding-env")), "serve", "--port", str(port)],
-        env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )
+    with listener:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("coding-env")), "serve", "--fd", str(listener.fileno())],
+            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, pass_fds=[listener.fileno()],
+        )
     assert process.stderr is not None
     for line in process.stderr:
         if "Application startup complete" in line:

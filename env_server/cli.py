@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -48,17 +49,28 @@ def serve(args: argparse.Namespace) -> int:
     """Run the service with uvicorn until SIGINT/SIGTERM (which close every session first)."""
     without_openenv_web_interface()
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from env_server.app import create_app
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     settings = ServiceSettings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, **uvicorn_options(settings), timeout_graceful_shutdown=30
+    )
+    server = uvicorn.Server(config)
     # With --fd the socket is already bound (by a process supervisor, or a test that holds the port
     # across restarts), so no other process can take the port between choosing and binding it.
-    where = {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
-    uvicorn.run(create_app(settings), **where, **uvicorn_options(settings), timeout_graceful_shutdown=30)
-    return 0
+    server.run(sockets=[inherited_listener(args.fd)] if args.fd is not None else None)
+    return 0 if server.started else STARTUP_FAILURE
+
+
+def inherited_listener(fd: int) -> socket.socket:
+    """The listening socket behind an inherited descriptor, as the family it is. uvicorn's own `fd=` takes every
+    descriptor for a unix socket, and a TCP listener taken so serves its connections without TCP_NODELAY: each HTTP
+    response's body then waited on the client's delayed ACK, about 40 ms (docs/benchmarks.md)."""
+    return socket.socket(fileno=fd)
 
 
 def build_parser() -> argparse.ArgumentParser:
