@@ -6,6 +6,7 @@ went out replaces the template in the record."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -91,19 +92,20 @@ class CallRunner:
             self._grader_unavailable = exc
             raise
 
-    def run(self, action: CallToolStep | AssistantMessageStep, episode: Episode) -> StepRun:
+    async def run(self, action: CallToolStep | AssistantMessageStep, episode: Episode) -> StepRun:
         """Run every call of `action` in order: after a call that ended the episode, and beyond the
-        episode's per-step cap, the rest are answered without running."""
+        episode's per-step cap, the rest are answered without running. Awaited on the service's event
+        loop: what blocks (a blocking tool, grading, a message's parsing) goes to a worker thread."""
         started = time.perf_counter()
         answered: list[_Answered] = []
-        for index, call in enumerate(_action_calls(action, episode.tool_call_format, episode.tools)):
+        for index, call in enumerate(await _action_calls(action, episode.tool_call_format, episode.tools)):
             ended = next((a for a in answered if a.outcome is not None and a.outcome.done), None)
             if ended is not None:
                 answered.append(_not_run(call, f"Not run: the episode ended at call {answered.index(ended) + 1} ({ended.result.tool_name})."))
             elif index >= episode.max_calls_per_step:
                 answered.append(self._over_the_cap(call, episode))
             else:
-                answered.append(self._run_call(call, episode, ran_before=sum(a.result.ran for a in answered)))
+                answered.append(await self._run_call(call, episode, ran_before=sum(a.result.ran for a in answered)))
         ran = [a for a in answered if a.outcome is not None]
         outcome = next((a.outcome for a in ran if a.outcome.done), ran[-1].outcome)
         episode.withheld_flags.append([a.flags for a in answered])
@@ -117,15 +119,15 @@ class CallRunner:
                 _take_late_hint(episode, answer.hint, [answer.result, result] if answer is lead else [answer.result])
         return StepRun(result, outcome, lead.result, _metadata(result, outcome, episode.protocol))
 
-    def _run_call(self, call: _Call, episode: Episode, *, ran_before: int) -> _Answered:
+    async def _run_call(self, call: _Call, episode: Episode, *, ran_before: int) -> _Answered:
         """Run one call (or answer its resolution error), grading the workspace when it uses the
         last of `max_steps`; `ran_before` calls of the same step have run."""
         started = time.perf_counter()
         flags = scan_tool_call(call.tool_name, call.arguments, episode.task) if call.tool else []
         episode.raise_flags(flags)  # before grading: a flagged last call counts against its own episode
-        outcome = call.error or self._run(call, episode)
+        outcome = call.error or await self._run(call, episode)
         if not outcome.done and episode.calls_used + ran_before + 1 >= episode.task.limits.max_steps:
-            outcome = self._grade_at_step_limit(outcome, episode)
+            outcome = await self._grade_at_step_limit(outcome, episode)
         if outcome.grade is not None:
             episode.raise_flags(outcome.grade.monitor_flags)
         kind = episode.streak.observe(outcome.error_kind)
@@ -158,16 +160,16 @@ class CallRunner:
         answered.hint = hint
         return answered
 
-    def _run(self, call: _Call, episode: Episode) -> CallOutcome:
+    async def _run(self, call: _Call, episode: Episode) -> CallOutcome:
         self._grader_unavailable = None
         grading = call.tool_name == "submit"
         try:
             if grading:  # the episode's flags go to grading explicitly: the penalty counts them
-                outcome = submit(episode.workspace, monitor_flags=episode.monitor_flags)
+                outcome = await asyncio.to_thread(submit, episode.workspace, monitor_flags=episode.monitor_flags)
             else:
-                outcome = call.tool.run(episode.workspace, **call.arguments)
+                outcome = await call.tool.call(episode.workspace, **call.arguments)
         except SandboxError as exc:
-            outcome = self._sandbox_failure(exc, episode, grading)
+            outcome = await asyncio.to_thread(self._sandbox_failure, exc, episode, grading)
         except Exception as exc:
             if not grading:
                 raise
@@ -189,10 +191,10 @@ class CallRunner:
             return CallOutcome(f"Sandbox failure: {exc}", error_kind=ErrorKind.SANDBOX_ERROR)
         return _ended(classify_sandbox_death(exc), f"The sandbox died: {exc}")
 
-    def _grade_at_step_limit(self, last: CallOutcome, episode: Episode) -> CallOutcome:
+    async def _grade_at_step_limit(self, last: CallOutcome, episode: Episode) -> CallOutcome:
         """The last step's outcome, graded: its output followed by the grading's, the grading's
         error kind if it has one."""
-        graded = self._run(_Call("submit", TOOLS["submit"]), episode)
+        graded = await self._run(_Call("submit", TOOLS["submit"]), episode)
         return dataclasses.replace(
             last,
             output=f"{last.output}\n\n[step limit reached] {graded.output}".lstrip(),
@@ -220,14 +222,15 @@ def _take_late_hint(episode: Episode, hint: Hint, targets: list[CallFields]) -> 
     hint.later.add_done_callback(land)
 
 
-def _action_calls(action: CallToolStep | AssistantMessageStep, family: str | None, tools: Sequence[str]) -> list[_Call]:
+async def _action_calls(action: CallToolStep | AssistantMessageStep, family: str | None, tools: Sequence[str]) -> list[_Call]:
     """The action's calls in order: one for `call_tool`, every call found in a message (in the
     pinned `family`, if any), or the one failure that no call could be found; a call is resolved
-    against the episode's `tools`."""
+    against the episode's `tools`. A message is read on a worker thread: reading one of up to the
+    body limit must not hold the event loop."""
     if isinstance(action, CallToolStep):
         return [_resolve_call(action.tool_name, action.arguments, tools)]
     try:
-        calls = parse_tool_calls(action.content, TOOL_PARAMETERS, family=family)
+        calls = await asyncio.to_thread(parse_tool_calls, action.content, TOOL_PARAMETERS, family=family)
     except ToolCallParseError as exc:
         return [_Call("", error=CallOutcome(str(exc), error_kind=ErrorKind.JSON_DECODE))]
     if not calls:

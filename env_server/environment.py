@@ -11,6 +11,7 @@ This is the face: it validates what reset asks for and delegates the rest to the
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -117,12 +118,18 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         return CodingResetObservation(task_id=spec.id, prompt=episode.record.prompt, tools=episode.record.tools, max_steps=spec.limits.max_steps)
 
     def step(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
+        """`step_async` for a caller without an event loop (a script, a test)."""
+        return asyncio.run(self.step_async(action))
+
+    async def step_async(self, action: AnyAction, timeout_s: float | None = None, **_: Any) -> Observation:
+        """One step, awaited on the caller's event loop (the service's): a command's exec is awaited there, and
+        whatever blocks (grading, file transfers, ending the episode) runs on a worker thread."""
         if isinstance(action, ListToolsStep):
             names = self._episode.tools if self._episode is not None else tuple(TOOLS)
             return ListToolsObservation(tools=[McpTool(name=name, description=TOOLS[name].description, input_schema=TOOLS[name].parameters()) for name in names])
         episode = self._active_episode()
         started_at = time.time()
-        run = self._runner.run(action, episode)
+        run = await self._runner.run(action, episode)
         result, outcome = run.result, run.outcome
         observation = CodingObservation(
             **dict(result),
@@ -135,7 +142,7 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         if outcome.done:
             # The graded sandbox is of no further use; free it now rather than at the next reset.
             self._retire(episode.sandbox)
-            episode.finish(outcome)
+            await asyncio.to_thread(episode.finish, outcome)  # writes the episode's record
         return observation
 
     @property

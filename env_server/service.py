@@ -131,18 +131,18 @@ async def request_gone(request: Request) -> None:
         pass
 
 
-def _step_or_start(env: CodingEnvironment, action: AnyAction, default_task: str | None) -> tuple[Observation, dict[str, Any] | None]:
-    """`env.step(action)`; when no episode was ever started and `default_task` is given, the
+async def _step_or_start(env: CodingEnvironment, action: AnyAction, default_task: str | None) -> tuple[Observation, dict[str, Any] | None]:
+    """`env.step_async(action)`; when no episode was ever started and `default_task` is given, the
     episode is started on it first (in the same session call, so no other call interleaves).
     Returns the observation and what was started (None when nothing was)."""
     try:
-        return env.step(action), None
+        return await env.step_async(action), None
     except ServiceError as exc:
         if exc.code is not ApiErrorCode.EPISODE_NOT_STARTED or default_task is None:
             raise
-    started: CodingResetObservation = env.reset(task_id=default_task)
+    started: CodingResetObservation = await asyncio.to_thread(env.reset, task_id=default_task)
     auto_reset = {"task_id": started.task_id, "episode_id": env.state.episode_id, "prompt": started.prompt, "max_steps": started.max_steps}
-    return env.step(action), auto_reset
+    return await env.step_async(action), auto_reset
 
 
 def _validated(validate: Callable[[dict[str, Any]], T], data: dict[str, Any], what: str) -> T:
@@ -177,6 +177,8 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
         raise ValueError(f"CODING_ENV_DEFAULT_TASK={settings.default_task!r} is not a known task (see `coding-env tasks list`)") from None
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(settings.executor_threads or settings.max_sessions + 8, thread_name_prefix="session")
+    # What a step hands off (`asyncio.to_thread`: a blocking tool, grading) runs on the sessions' threads too.
+    loop.set_default_executor(executor)
     await loop.run_in_executor(executor, _reap_orphans, settings)
     checkout, pool = _sandbox_source(settings, settings.pool_size)
     grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size, prewarm_grader)

@@ -1,18 +1,21 @@
 """The coding tools, declared once: typed signatures and docstrings become the JSON schemas that
 reset, `list_tools` and MCP `tools/list` publish, and the argument validation of every call.
 
-A tool is a plain function `(workspace, **arguments) -> CallOutcome`; `@tool` registers it.
+A tool is a function `(workspace, **arguments) -> CallOutcome`; `@tool` registers it. The tools that only
+run a command are coroutine functions: the service awaits their exec on its event loop, with no thread
+between a step and its command (`Tool.call`); the others block, and run on a worker thread.
 Parameter descriptions live in `Annotated[..., Field(description=...)]`. Keyword-only parameters
 are not the agent's: the environment passes them (`submit` gets the episode's monitor flags).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Awaitable, Callable, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -84,7 +87,13 @@ class Tool:
     name: str
     description: str
     arguments: type[BaseModel]
-    run: Callable[..., CallOutcome]
+    run: Callable[..., CallOutcome | Awaitable[CallOutcome]]
+
+    async def call(self, workspace: Workspace, **arguments: Any) -> CallOutcome:
+        """Run the tool: a coroutine tool on the caller's event loop, a blocking one on a worker thread."""
+        if inspect.iscoroutinefunction(self.run):
+            return await self.run(workspace, **arguments)
+        return await asyncio.to_thread(self.run, workspace, **arguments)
 
     def openai_schema(self) -> dict[str, Any]:
         """OpenAI function-calling format (what chat templates and TRL expect)."""
@@ -103,9 +112,10 @@ class Tool:
 
 
 TOOLS: dict[str, Tool] = {}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def tool(fn: Callable[..., CallOutcome]) -> Callable[..., CallOutcome]:
+def tool(fn: F) -> F:
     """Register `fn` as a tool; its parameters after `workspace` become the argument schema
     (keyword-only ones excepted: the environment passes those)."""
     params = [p for p in list(inspect.signature(fn, eval_str=True).parameters.values())[1:] if p.kind is not p.KEYWORD_ONLY]
@@ -169,7 +179,7 @@ def _write(ws: Workspace, path: str, content: str, verb: str) -> CallOutcome:
 
 
 @tool
-def bash(
+async def bash(
     ws: Workspace,
     command: Annotated[str, Field(description="Shell command, run with `bash -c` in the workspace.")],
     timeout_s: Annotated[
@@ -178,7 +188,7 @@ def bash(
 ) -> CallOutcome:
     """Run a shell command in the workspace and return its output (stdout, then stderr)."""
     limit = ws.task.limits.step_timeout_s
-    return _exec_outcome(ws.sandbox.exec(command, timeout_s=min(timeout_s or limit, limit)))
+    return _exec_outcome(await ws.sandbox.exec_async(command, timeout_s=min(timeout_s or limit, limit)))
 
 
 @tool
@@ -230,22 +240,22 @@ def edit_file(
 
 
 @tool
-def list_dir(
+async def list_dir(
     ws: Workspace,
     path: Annotated[str, Field(description="Folder, relative to the workspace.")] = ".",
 ) -> CallOutcome:
     """List the entries of a folder (folders end with /)."""
-    return _exec_outcome(ws.sandbox.exec(f"ls -1Ap -- {shlex.quote(path)}"))
+    return _exec_outcome(await ws.sandbox.exec_async(f"ls -1Ap -- {shlex.quote(path)}"))
 
 
 @tool
-def search(
+async def search(
     ws: Workspace,
     pattern: Annotated[str, Field(min_length=1, description="Extended regular expression (grep -E).")],
     path: Annotated[str, Field(description="File or folder to search, relative to the workspace.")] = ".",
 ) -> CallOutcome:
     """Search files for a regular expression; returns matching lines as path:line:text."""
-    result = ws.sandbox.exec(f"grep -rnIE -- {shlex.quote(pattern)} {shlex.quote(path)}")
+    result = await ws.sandbox.exec_async(f"grep -rnIE -- {shlex.quote(pattern)} {shlex.quote(path)}")
     if result.exit_code == 1 and not result.stderr:
         return CallOutcome("No matches.", exit_code=1)
     outcome = _exec_outcome(result)
@@ -260,9 +270,9 @@ NO_TESTS_COLLECTED = 5
 
 
 @tool
-def run_tests(ws: Workspace) -> CallOutcome:
+async def run_tests(ws: Workspace) -> CallOutcome:
     """Run the task's visible tests and return their output."""
-    result = ws.sandbox.exec(ws.task.test_command, timeout_s=ws.task.limits.step_timeout_s)
+    result = await ws.sandbox.exec_async(ws.task.test_command, timeout_s=ws.task.limits.step_timeout_s)
     if result.exit_code == NO_TESTS_COLLECTED and not ws.task.visible_tests and "no tests ran" in result.stdout:
         # Not a failure of the policy's (no error kind, so no hint site): the task has nothing to run.
         return CallOutcome("This task has no visible tests. Check your code by running it with bash, then submit.", result.exit_code)

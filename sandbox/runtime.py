@@ -83,21 +83,23 @@ class Sandbox:
     def exec(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         """Run `command` with `bash -c` in its own process group under a timeout (default: the
         spec's `default_timeout_s`)."""
+        reply_timeout_s, params = self._exec_request(command, timeout_s, env)
+        return _exec_result(self._request("exec", reply_timeout_s, **params))
+
+    async def exec_async(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+        """`exec` awaited on the caller's event loop, no thread waiting on the reply (the service's steps)."""
+        reply_timeout_s, params = self._exec_request(command, timeout_s, env)
+        if self._channel is None:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        return _exec_result(await self._channel.request_async("exec", reply_timeout_s, **params))
+
+    def _exec_request(self, command: str, timeout_s: float | None, env: dict[str, str] | None) -> tuple[float, dict[str, Any]]:
+        """How long to wait for an exec's reply, and the request's parameters."""
         timeout_s = self.spec.default_timeout_s if timeout_s is None else timeout_s
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        reply = self._request(
-            "exec",
-            timeout_s + REPLY_GRACE_S,
-            cmd=command,
-            timeout_s=timeout_s,
-            env={**self.spec.env, **(env or {})},
-            output_cap=self.spec.output_cap_bytes,
-        )
-        try:
-            return ExecResult.model_validate({k: v for k, v in reply.items() if k not in ("id", "ok")})
-        except pydantic.ValidationError as exc:
-            raise SandboxError(f"malformed reply to 'exec': {exc}") from exc
+        params = {"cmd": command, "timeout_s": timeout_s, "env": {**self.spec.env, **(env or {})}, "output_cap": self.spec.output_cap_bytes}
+        return timeout_s + REPLY_GRACE_S, params
 
     def _max_bytes(self, max_bytes: int | None) -> int:
         if max_bytes is not None and max_bytes < 0:
@@ -218,3 +220,10 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exec_result(reply: dict[str, Any]) -> ExecResult:
+    try:
+        return ExecResult.model_validate({k: v for k, v in reply.items() if k not in ("id", "ok")})
+    except pydantic.ValidationError as exc:
+        raise SandboxError(f"malformed reply to 'exec': {exc}") from exc

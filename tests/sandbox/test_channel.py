@@ -3,6 +3,7 @@ never the reader (issue 10, item 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -176,3 +177,49 @@ def test_a_signed_line_announcing_an_impossible_payload_breaks_the_channel(fake:
     with pytest.raises(SandboxError, match="malformed payload"):
         future.result(REPLY_TIMEOUT_S)
     assert not fake.channel.is_open
+
+
+async def _awaited(fake: FakeSupervisor, op: str = "ping", reply_timeout_s: float = REPLY_TIMEOUT_S) -> tuple[int, asyncio.Task[dict[str, Any]]]:
+    """Start a request awaited on this loop; returns its id (as the supervisor sees it) and its task."""
+    task = asyncio.create_task(fake.channel.request_async(op, reply_timeout_s))
+    request_id = (await asyncio.to_thread(fake.requests.get, timeout=REPLY_TIMEOUT_S))["id"]
+    return request_id, task
+
+
+def test_an_awaited_request_gets_its_own_reply_beside_a_blocking_one(fake: FakeSupervisor) -> None:
+    async def scenario() -> None:
+        awaited_id, awaited = await _awaited(fake)
+        blocking_id, blocking = fake.call()
+        fake.send({"id": blocking_id, "ok": True, "protocol": 1})
+        fake.send({"id": awaited_id, "ok": True, "protocol": 2})
+        assert (await awaited)["protocol"] == 2
+        assert blocking.result(REPLY_TIMEOUT_S)["protocol"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_awaited_request_raises_its_failure_and_the_channels_death(fake: FakeSupervisor) -> None:
+    async def scenario() -> None:
+        request_id, task = await _awaited(fake)
+        fake.send({"id": request_id, "ok": False, "error": "ArchiveTooLarge", "message": "over the limit"})
+        with pytest.raises(ArchiveTooLarge):
+            await task
+        _, task = await _awaited(fake)
+        fake.lines.put(b"")  # end of stream
+        with pytest.raises(SandboxError, match="closed"):
+            await task
+
+    asyncio.run(scenario())
+
+
+def test_an_awaited_request_without_a_reply_times_out_and_its_late_reply_fails_nothing(fake: FakeSupervisor) -> None:
+    async def scenario() -> None:
+        late_id, task = await _awaited(fake, reply_timeout_s=0.01)
+        with pytest.raises(SandboxError, match="no reply"):
+            await task
+        request_id, task = await _awaited(fake)
+        fake.send({"id": late_id, "ok": True, "protocol": 1})
+        fake.send({"id": request_id, "ok": True, "protocol": 2})
+        assert (await task)["protocol"] == 2
+
+    asyncio.run(scenario())

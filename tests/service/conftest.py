@@ -13,7 +13,10 @@ import pytest
 from sandbox.docker_backend import SANDBOX_ID_LABEL
 from tests.support.service import RunningService, SharedServices, running_service, service_settings
 
-NEEDS_NO_DOCKER = {"test_tool_call_parser.py", "test_tool_call_families.py", "test_tool_call_corpus.py", "test_hint_judge.py", "test_monitor_rules.py"}
+NEEDS_NO_DOCKER = {
+    "test_tool_call_parser.py", "test_tool_call_families.py", "test_tool_call_corpus.py", "test_hint_judge.py", "test_monitor_rules.py",
+    "test_tool_threads.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
