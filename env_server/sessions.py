@@ -133,15 +133,14 @@ class SessionManager:
 
     async def run(self, session: Session, fn: Callable[..., T] | Callable[..., Awaitable[T]], *args: object) -> T:
         """`fn(*args)`, after every earlier call of this session finished: a coroutine function awaited here
-        (it hands off what blocks itself), any other function run on the thread pool. Either way the call
-        runs to its end, whatever happens to the caller (a thread cannot be stopped halfway either)."""
+        (it hands off what blocks itself), any other function run on the thread pool."""
         async with session.lock:
             if session.closed:
                 raise ServiceError(ApiErrorCode.SESSION_NOT_FOUND, f"session {session.id!r} was closed")
             session.last_used = time.monotonic()
             try:
                 if inspect.iscoroutinefunction(fn):
-                    return await asyncio.shield(fn(*args))
+                    return await fn(*args)
                 return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
             finally:
                 session.last_used = time.monotonic()
