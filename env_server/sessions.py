@@ -1,7 +1,8 @@
 """Sessions: each owns one environment (and through it at most one sandbox).
 
-Calls into one session are serialised by its lock, so steps never interleave; the blocking
-sandbox work runs on a thread pool, so sessions proceed in parallel. At the capacity bound a new
+Calls into one session are serialised by its lock, so steps never interleave; a step awaits its
+command on the event loop and hands what blocks to a thread pool (decision 136), so sessions proceed
+in parallel. At the capacity bound a new
 session waits in a FIFO admission queue (`env_server.admission`) for up to `admission_timeout_s`,
 then is refused with `capacity_reached`; an idle reaper closes sessions nobody touched for
 `idle_timeout_s`, freeing their sandboxes.
