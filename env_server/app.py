@@ -45,9 +45,11 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
     add_error_handlers(app)
-    app.include_router(http.router)
+    # A request is matched against the routes in this order: the session routes, which carry most steps,
+    # go first (each route passed over cost a step about 5 us; docs/benchmarks.md).
     app.include_router(sessions.router)
     app.include_router(mcp.router)
+    app.include_router(http.router)
     app.include_router(ws.router)
     app.include_router(episodes.router)
     return app
