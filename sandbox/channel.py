@@ -79,7 +79,7 @@ class SupervisorChannel:
         try:
             reply = future.result(timeout=reply_timeout_s)
         except TimeoutError:
-            raise SandboxError(f"supervisor gave no reply to {op!r} within {reply_timeout_s:.0f} s") from None
+            raise _no_reply(op, reply_timeout_s) from None
         finally:
             self._forget(request_id)
         return _succeeded(op, reply)
@@ -92,7 +92,7 @@ class SupervisorChannel:
         try:
             reply = await asyncio.wait_for(asyncio.wrap_future(future), reply_timeout_s)
         except TimeoutError:
-            raise SandboxError(f"supervisor gave no reply to {op!r} within {reply_timeout_s:.0f} s") from None
+            raise _no_reply(op, reply_timeout_s) from None
         finally:
             self._forget(request_id)
         return _succeeded(op, reply)
@@ -180,6 +180,10 @@ class SupervisorChannel:
     def _closed_error(self) -> SandboxError:
         assert self._closed is not None
         return SandboxError(str(self._closed), oom_killed=self._closed.oom_killed)
+
+
+def _no_reply(op: str, reply_timeout_s: float) -> SandboxError:
+    return SandboxError(f"supervisor gave no reply to {op!r} within {reply_timeout_s:.0f} s")
 
 
 def _succeeded(op: str, reply: dict[str, Any]) -> dict[str, Any]:

@@ -65,9 +65,12 @@ class Sandbox:
         return Sandbox(self.deployment.fresh())
 
     def _request(self, op: str, reply_timeout_s: float, payload: bytes = b"", **params: object) -> dict[str, Any]:
+        return self._open_channel().request(op, reply_timeout_s, payload, **params)
+
+    def _open_channel(self) -> SupervisorChannel:
         if self._channel is None:
             raise SandboxError(f"sandbox {self.id} is closed")
-        return self._channel.request(op, reply_timeout_s, payload, **params)
+        return self._channel
 
     def _field(self, op: str, reply_timeout_s: float, field: str, **params: object) -> Any:
         """One field of a successful reply; a reply without it is a broken sandbox, not a KeyError."""
@@ -89,9 +92,7 @@ class Sandbox:
     async def exec_async(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         """`exec` awaited on the caller's event loop, no thread waiting on the reply (the service's steps)."""
         reply_timeout_s, params = self._exec_request(command, timeout_s, env)
-        if self._channel is None:
-            raise SandboxError(f"sandbox {self.id} is closed")
-        return _exec_result(await self._channel.request_async("exec", reply_timeout_s, **params))
+        return _exec_result(await self._open_channel().request_async("exec", reply_timeout_s, **params))
 
     def _exec_request(self, command: str, timeout_s: float | None, env: dict[str, str] | None) -> tuple[float, dict[str, Any]]:
         """How long to wait for an exec's reply, and the request's parameters."""
