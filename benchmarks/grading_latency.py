@@ -6,9 +6,8 @@
 
 Grading: for each suite, the reference solution of `--tasks` tasks is graded three times: with a
 cold fresh sandbox per grade (`grade`'s default); with the grading sandbox taken from a warm pool
-whose sandboxes were prepared with `prewarm_grader` (pytest's bytecode cached) and closed before
-`grade` returns; and as the service grades, from that pool and handed to `WarmPool.retire`, which
-closes it in the background (decision 013). Baseline in the same run: opening and closing one cold
+and closed before `grade` returns; and as the service grades, from that pool and handed to
+`WarmPool.retire`, which closes it in the background (decision 013). Baseline in the same run: opening and closing one cold
 sandbox, the floor of cold grading. Generation: `generate_project(FeatureDeletion(), ...)` into a scratch
 cache; tasks per minute and the share of tried candidates that became tasks. Every reference solution
 must earn 1.0, cold and warm (else the grader timed a failure) and every generation must give a task.
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from env_server.grading.grader import grade, prepare_workspace, prewarm_grader
+from env_server.grading.grader import grade, prepare_workspace
 from env_server.tasks import default_registry
 from env_server.tasks.feature_deletion import FeatureDeletion
 from env_server.tasks.repo_generation import generate_project
@@ -55,7 +54,7 @@ def bench_grading(tasks_per_suite: int, suites: list[str] | None, baseline_start
     print(f"baseline: cold sandbox open+close p50 {baseline:.0f} ms (n={len(starts)})\n")
     print("| suite / grading sandbox | p50 ms | p99 ms | n | p50 / cold open+close |")
     print("|---|---|---|---|---|")
-    with open_sandbox(spec) as agent, WarmPool(spec, size=2, start=lambda s: prewarm_grader(open_sandbox(s))) as pool:
+    with open_sandbox(spec) as agent, WarmPool(spec, size=2) as pool:
         pool.wait_ready()
         for suite in suites or registry.suites():
             ids = registry.ids(suite)
@@ -78,8 +77,8 @@ def bench_grading(tasks_per_suite: int, suites: list[str] | None, baseline_start
                 pool.wait_ready()
                 retired.append(checked_grade(grade(agent, task, fresh_sandbox=pool.checkout, retire=pool.retire), task_id).grading_ms)
             print(row(f"{suite} / cold", cold, baseline))
-            print(row(f"{suite} / warm pool, prewarmed", warm, baseline))
-            print(row(f"{suite} / warm pool, prewarmed, retired (the service's)", retired, baseline))
+            print(row(f"{suite} / warm pool", warm, baseline))
+            print(row(f"{suite} / warm pool, retired (the service's)", retired, baseline))
 
 
 def bench_generation(projects: list[str], n: int) -> None:

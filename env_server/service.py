@@ -25,7 +25,6 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection, Request
 
 from env_server.environment import CodingEnvironment
-from env_server.grading.grader import prewarm_grader
 from env_server.hints import HintGenerator
 from env_server.metrics import ServiceMetrics
 from env_server.models import ApiErrorCode, ForkRequestBody, ResetRequestBody, SessionsForked
@@ -181,7 +180,7 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
     loop.set_default_executor(executor)
     await loop.run_in_executor(executor, _reap_orphans, settings)
     checkout, pool = _sandbox_source(settings, settings.pool_size)
-    grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size, prewarm_grader)
+    grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size)
     if pool is not None:
         metrics.track_pool(lambda: pool.ready_count)
     hints = HintGenerator(settings.hints, list(TOOLS))
@@ -233,18 +232,14 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
         executor.shutdown(wait=True)
 
 
-def _sandbox_source(
-    settings: ServiceSettings, size: int, prepare: Callable[[Sandbox], Sandbox] | None = None
-) -> tuple[Callable[[], Sandbox], WarmPool | None]:
-    """Where sandboxes come from: a warm pool of `size` (none when 0), each passed through
-    `prepare`. A cold start gives up at `sandbox_start_timeout_s`; a pool checkout when the pool
+def _sandbox_source(settings: ServiceSettings, size: int) -> tuple[Callable[[], Sandbox], WarmPool | None]:
+    """Where sandboxes come from: a warm pool of `size` (none when 0). A cold start gives up at `sandbox_start_timeout_s`; a pool checkout when the pool
     stalled that long (`WarmPool.checkout`). A start on the request's path gives up at that bound too (its sandbox would come too late); the
     pool's background starts keep the backend's own limit (no request waits on one of them)."""
     deadline_s = settings.sandbox_start_timeout_s
 
     def start(spec: SandboxSpec, start_timeout_s: float | None = None) -> Sandbox:
-        sandbox = open_sandbox(spec, settings.sandbox_backend, start_timeout_s=start_timeout_s)
-        return prepare(sandbox) if prepare else sandbox
+        return open_sandbox(spec, settings.sandbox_backend, start_timeout_s=start_timeout_s)
 
     if size == 0:
         return (lambda: within_deadline(lambda: start(settings.sandbox, deadline_s), deadline_s)), None

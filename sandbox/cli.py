@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `build-image` and `sandbox reap`; each sets `func(args) -> exit code`."""
     build = subparsers.add_parser("build-image", help="build the sandbox image coding-env-sandbox:latest")
     build.add_argument("--offline", action="store_true", help="build on a debootstrap rootfs (no registry needed)")
-    build.add_argument("--if-missing", action="store_true", help="do nothing when the image exists")
+    build.add_argument("--if-missing", action="store_true", help="do nothing when the image exists and was built from this checkout's Dockerfile")
     build.set_defaults(func=_build_image)
 
     sandbox = subparsers.add_parser("sandbox", help="manage sandbox containers")

@@ -8,6 +8,7 @@ docs/decisions/004-sandbox-image-build.md.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import subprocess
@@ -31,6 +32,10 @@ OFFLINE_BASE = "coding-env-rootfs:bookworm"
 ROOTFS_DIR = Path("/var/cache/coding-env/rootfs-bookworm")
 """Where the debootstrap rootfs is kept between builds (debootstrap takes minutes)."""
 
+RECIPE_LABEL = "coding-env.recipe"
+"""Label on a built image: a digest of what it was built from (the Dockerfile and the removed binaries),
+so that an image left by an older checkout is rebuilt, not used."""
+
 DEBOOTSTRAP_PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
@@ -41,6 +46,21 @@ def image_exists(name: str, client: docker.DockerClient | None = None) -> bool:
     except docker.errors.ImageNotFound:
         return False
     return True
+
+
+def recipe_digest(removed_binaries: tuple[str, ...] = DEFAULT_REMOVED_BINARIES) -> str:
+    """Digest of what the sandbox image is built from: this checkout's Dockerfile and the binaries it removes
+    (not the base, which `build_image` chooses by what is reachable)."""
+    dockerfile = (files("sandbox") / "images" / "Dockerfile").read_bytes()
+    return hashlib.sha256(dockerfile + b"\0" + " ".join(removed_binaries).encode()).hexdigest()[:16]
+
+
+def _image_is_current(tag: str, removed_binaries: tuple[str, ...], client: docker.DockerClient) -> bool:
+    try:
+        labels = client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return False
+    return labels.get(RECIPE_LABEL) == recipe_digest(removed_binaries)
 
 
 def build_image(
@@ -54,11 +74,12 @@ def build_image(
     """Build the sandbox image and return its tag.
 
     offline: True builds on the debootstrap rootfs, False on `base` from a registry, None tries
-    the registry and falls back to the rootfs. if_missing: do nothing when `tag` exists.
+    the registry and falls back to the rootfs. if_missing: do nothing when `tag` exists and was built
+    from this checkout's recipe (`RECIPE_LABEL`); an image from another recipe is rebuilt.
     """
     client = client or default_client()
-    if if_missing and image_exists(tag, client):
-        log.info("image %s exists; not rebuilding", tag)
+    if if_missing and _image_is_current(tag, removed_binaries, client):
+        log.info("image %s exists and is current; not rebuilding", tag)
         return tag
     if offline is None:
         try:
@@ -82,6 +103,7 @@ def _build(client: docker.DockerClient, base: str, tag: str, removed_binaries: t
         path=str(files("sandbox") / "images"),
         tag=tag,
         buildargs={"BASE": base, "REMOVED_BINARIES": " ".join(removed_binaries)},
+        labels={RECIPE_LABEL: recipe_digest(removed_binaries)},
         pull=False,
         rm=True,
         forcerm=True,

@@ -109,11 +109,12 @@ def pytest_command(import_root: str = ".") -> str:
 GRADE_COMMAND = pytest_command()
 """The grade command of tasks whose code lives at the workspace root."""
 
-# The grading command's environment: no user site, no plugin autoloading (an agent-made
-# `*.dist-info` with a `pytest11` entry point would otherwise load), no extra options.
+# The grading command's environment: no bytecode written, no user site, no plugin autoloading (an
+# agent-made `*.dist-info` with a `pytest11` entry point would otherwise load), no extra options.
+# Python and pytest load from the image's own bytecode (decision 137); the graded copy holds none
+# (decision 040) and the run writes none.
 GRADE_ENV: dict[str, str] = {
     "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONPYCACHEPREFIX": "/tmp/.grader-pycache",
     "PYTHONNOUSERSITE": "1",
     "PYTHONPATH": "",
     "PYTHONSTARTUP": "",
@@ -121,20 +122,6 @@ GRADE_ENV: dict[str, str] = {
     "PYTEST_ADDOPTS": "",
     "PYTEST_PLUGINS": "",
 }
-
-
-def prewarm_grader(sandbox: Sandbox) -> Sandbox:
-    """Compile Python's and pytest's bytecode into the grading cache of a sandbox no agent has
-    touched (a warm pool's `start` hook), so `import pytest` at grade time takes about 0.3 s
-    instead of 1 s. The cache sits outside the workspace and holds no task code."""
-    scratch = "/tmp/.grader-prewarm"
-    sandbox.exec(
-        f"mkdir -p {scratch} && cd {scratch} && echo 'def test_x(): pass' > test_x.py && "
-        f"PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX={GRADE_ENV['PYTHONPYCACHEPREFIX']} "
-        f"{GRADE_COMMAND} --junitxml=r.xml test_x.py >/dev/null; cd / && rm -rf {scratch}",
-        timeout_s=60,
-    )
-    return sandbox
 
 
 class GradingConfig(BaseModel):

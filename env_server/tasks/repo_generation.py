@@ -32,7 +32,6 @@ from typing import ClassVar, TypeVar
 from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
-from env_server.grading.grader import prewarm_grader
 from env_server.models import TaskLimits, TaskSpec
 from env_server.tasks.projects import (
     Baseline, Project, ProjectRefused, ProjectRun, download, establish_baseline, module_name, restore, run_tests, test_command,
@@ -317,9 +316,6 @@ def generate_project(
     attempts = {attempt.key: attempt for attempt in _read_lines(cache.ledger_file, Attempt)}
     kept_functions = {(task.path, task.qualname) for task in tasks}
     with open_sandbox() as sandbox:
-        # Python's and pytest's bytecode compiled once outside the workspace: every test run then
-        # starts pytest in about 0.2 s instead of 0.7 s; the project's own files are never cached.
-        prewarm_grader(sandbox)
         stored = _read_lines(cache.baseline_file, _StoredBaseline)
         if stored:
             baseline, setup_seconds = stored[0].baseline, stored[0].setup_seconds

@@ -65,6 +65,15 @@ def test_container_is_created_hardened(docker_sandbox: Sandbox) -> None:
     assert labels[SERVICE_LABEL] == "sandbox" and labels[SANDBOX_ID_LABEL] == docker_sandbox.id
 
 
+def test_the_images_python_loads_compiled_modules_and_a_command_writes_none(docker_sandbox: Sandbox) -> None:
+    # The image ships bytecode for its own Python (decision 137); a command reads it, leaves none
+    # of its own behind, and cannot replace the image's.
+    docker_sandbox.write_file("helper.py", "X = 1\n")
+    docker_sandbox.write_file("check.py", "import json, os, _pytest.python, helper\nprint(all(os.path.isfile(m.__cached__) for m in (json, _pytest.python)))\n")
+    assert docker_sandbox.exec("python3 check.py", timeout_s=30).stdout == "True\n"
+    assert docker_sandbox.exec("find . -name '*.pyc' -o -name __pycache__").stdout == ""
+    recompiled = docker_sandbox.exec("python3 -m compileall -f -q \"$(python3 -c 'import json, os; print(os.path.dirname(json.__file__))')\"", timeout_s=30)
+    assert recompiled.exit_code != 0 and "Read-only file system" in recompiled.stdout + recompiled.stderr
 
 
 def test_close_removes_the_container() -> None:
