@@ -10,7 +10,8 @@ Starts `coding-env serve` in a child process (Docker backend) and measures, in o
    cost (user + system, all threads): the service process's per step, this process's per baseline exec (a
    busy VM inflates CPU time too, by the same factor for all when measured together, so compare ratios);
 3. reset from the warm pool (checkout + workspace preparation) over an HTTP session;
-4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors.
+4. N concurrent WebSocket sessions x M steps each: steps/s, p99, errors (the steps alone: after the warm
+   pool has refilled, before any session closes).
 Every timed reply is checked: a refused or failed step, reset or exec fails the run. `--tiny`: a few
 of each, 2 sessions under load (CI's run).
 """
@@ -199,42 +200,61 @@ def bench_resets(http: httpx.Client, session_id: str, resets: int) -> None:
     report("reset from the warm pool (HTTP)", samples)
 
 
-async def bench_load(address: str, sessions: int, steps: int) -> None:
+async def bench_load(address: str, sessions: int, steps: int, pool_size: int) -> None:
+    """`sessions` WebSocket sessions reset at once, then `steps` steps each, all at once. The steps are timed
+    alone: from when the warm pool has refilled after the resets' burst until the last step's reply, every
+    session still open (a closed session's container removal, like the pool's container starts, would share
+    the machine with the others' steps; resets are timed on their own above)."""
     latencies: list[float] = []
     errors = 0
     first_error = ""
     all_reset = asyncio.Barrier(sessions + 1)
+    all_stepped = asyncio.Barrier(sessions + 1)
     go = asyncio.Event()
 
     async def one_session() -> None:
         nonlocal errors, first_error
-        async with websockets.connect(f"ws://{address}/ws", open_timeout=120, ping_timeout=None) as ws:
-            await ws.send(json.dumps({"type": "reset", "data": TASK}))
-            if json.loads(await ws.recv())["type"] != "observation":
-                raise RuntimeError("a WebSocket reset under load was refused")
-            await all_reset.wait()
-            await go.wait()
-            for _ in range(steps):
-                start = time.perf_counter()
-                await ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
-                reply = json.loads(await ws.recv())
-                latencies.append((time.perf_counter() - start) * 1000)
-                try:
-                    if reply["type"] != "observation":
-                        raise RuntimeError(f"a step under load was refused: {json.dumps(reply)[:500]}")
-                    checked_step(reply["data"])
-                except RuntimeError as error:  # counted, and the run fails after the figures
-                    errors += 1
-                    first_error = first_error or str(error)
+        try:
+            async with websockets.connect(f"ws://{address}/ws", open_timeout=120, ping_timeout=None) as ws:
+                await ws.send(json.dumps({"type": "reset", "data": TASK}))
+                if json.loads(await ws.recv())["type"] != "observation":
+                    raise RuntimeError("a WebSocket reset under load was refused")
+                await all_reset.wait()
+                await go.wait()
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    await ws.send(json.dumps({"type": "step", "data": BASH_TRUE}))
+                    reply = json.loads(await ws.recv())
+                    latencies.append((time.perf_counter() - start) * 1000)
+                    try:
+                        if reply["type"] != "observation":
+                            raise RuntimeError(f"a step under load was refused: {json.dumps(reply)[:500]}")
+                        checked_step(reply["data"])
+                    except RuntimeError as error:  # counted, and the run fails after the figures
+                        errors += 1
+                        first_error = first_error or str(error)
+                await all_stepped.wait()
+        except BaseException:
+            all_reset.abort()  # the others fail too rather than wait for this one
+            all_stepped.abort()
+            raise
 
     tasks = [asyncio.create_task(one_session()) for _ in range(sessions)]
-    await all_reset.wait()
-    start = time.perf_counter()
-    go.set()
+    try:
+        await all_reset.wait()
+        with httpx.Client(base_url=f"http://{address}", timeout=30) as http:
+            await asyncio.to_thread(wait_pool, http, pool_size)
+        start = time.perf_counter()
+        go.set()
+        await all_stepped.wait()
+        elapsed = time.perf_counter() - start
+    except asyncio.BrokenBarrierError:
+        elapsed = float("nan")
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    elapsed = time.perf_counter() - start
     errors += sum(isinstance(r, BaseException) for r in results)
     first_error = first_error or next((repr(r) for r in results if isinstance(r, BaseException)), "")
+    if not latencies:
+        raise SystemExit(f"no step under load was answered (the first error: {first_error})")
     print(
         f"{sessions} sessions x {steps} steps (WebSocket): {len(latencies) / elapsed:7.1f} steps/s  "
         f"p50={statistics.median(latencies):.1f} ms  p99={percentile(latencies, 0.99):.1f} ms  errors={errors}"
@@ -268,7 +288,7 @@ def main() -> None:
             bench_resets(http, session_id, args.resets)
             http.delete(f"/sessions/{session_id}").raise_for_status()
         if args.sessions:
-            asyncio.run(bench_load(address, args.sessions, args.load_steps))
+            asyncio.run(bench_load(address, args.sessions, args.load_steps, args.pool_size))
     finally:
         process.terminate()
         process.wait(120)
