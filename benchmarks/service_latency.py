@@ -4,7 +4,8 @@
 
 Starts `coding-env serve` in a child process (Docker backend) and measures, in one run:
 1. the baseline: `sandbox.exec("true")` on a sandbox opened in this process;
-2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), and
+2. one `bash true` step round trip over WebSocket and over an HTTP session (p50, p99), each from a thin
+   client (no thread, no connection pool: the figure is the service's, not a client library's), and
    the service overhead = step p50 - baseline p50; the three are timed in turns (exec, WebSocket step,
    HTTP step, the order rotating), so that the VM's drift falls on all three alike; beside each, the CPU it
    cost (user + system, all threads): the service process's per step, this process's per baseline exec (a
@@ -36,7 +37,10 @@ from pathlib import Path
 import docker
 import httpx
 import websockets
-import websockets.sync.client
+from websockets.client import ClientProtocol
+from websockets.frames import Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from samples import checked_exec, checked_step, percentile
 from sandbox import SandboxSpec, open_sandbox
@@ -134,10 +138,61 @@ def exec_baseline() -> Iterator[Callable[[], object]]:
         yield lambda: checked_exec(sandbox, "true")
 
 
+class ThinWebSocket:
+    """A blocking WebSocket client on websockets' sans-I/O protocol, over a plain socket and without a thread:
+    `websockets.sync`'s client hands every frame from a reader thread to the caller, which on this VM cost
+    0.07-0.09 ms a step (docs/benchmarks.md), timed as if the service spent it."""
+
+    def __init__(self, url: str) -> None:
+        uri = parse_uri(url)
+        self._protocol = ClientProtocol(uri)
+        self._socket = socket.create_connection((uri.host, uri.port))
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._protocol.send_request(self._protocol.connect())
+        self._flush()
+        while self._protocol.state is State.CONNECTING:
+            self._receive()
+        if self._protocol.handshake_exc is not None:
+            raise self._protocol.handshake_exc
+        self._protocol.events_received()  # the handshake's response, read above
+
+    def send(self, text: str) -> None:
+        self._protocol.send_text(text.encode())
+        self._flush()
+
+    def recv(self) -> str:
+        """The next text message (a ping is answered by the protocol on the way)."""
+        while True:
+            for event in self._protocol.events_received():
+                if event.opcode is Opcode.TEXT:
+                    if not event.fin:
+                        raise RuntimeError("the service fragmented a message; this client reads whole frames only")
+                    return event.data.decode()
+            self._receive()
+
+    def close(self) -> None:
+        self._protocol.send_close()
+        self._flush()
+        self._socket.close()
+
+    def _receive(self) -> None:
+        data = self._socket.recv(1 << 16)
+        if not data:
+            raise ConnectionError("the service closed the WebSocket")
+        self._protocol.receive_data(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        for data in self._protocol.data_to_send():
+            if data:
+                self._socket.sendall(data)
+
+
 @contextmanager
 def websocket_step(address: str) -> Iterator[Callable[[], object]]:
-    """One `bash true` step over a WebSocket session, its reply checked."""
-    with websockets.sync.client.connect(f"ws://{address}/ws") as ws:
+    """One `bash true` step over a WebSocket session, its reply checked, over a thin client (`ThinWebSocket`)."""
+    ws = ThinWebSocket(f"ws://{address}/ws")
+    try:
         ws.send(json.dumps({"type": "reset", "data": TASK}))
         if json.loads(ws.recv())["type"] != "observation":
             raise RuntimeError("the WebSocket reset was refused")
@@ -150,6 +205,8 @@ def websocket_step(address: str) -> Iterator[Callable[[], object]]:
             checked_step(frame["data"])
 
         yield step
+    finally:
+        ws.close()
 
 
 @contextmanager
