@@ -233,9 +233,10 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
 
 
 def _sandbox_source(settings: ServiceSettings, size: int) -> tuple[Callable[[], Sandbox], WarmPool | None]:
-    """Where sandboxes come from: a warm pool of `size` (none when 0). A cold start gives up at `sandbox_start_timeout_s`; a pool checkout when the pool
-    stalled that long (`WarmPool.checkout`). A start on the request's path gives up at that bound too (its sandbox would come too late); the
-    pool's background starts keep the backend's own limit (no request waits on one of them)."""
+    """Where sandboxes come from: a warm pool of `size` (none when 0). A cold start gives up at
+    `sandbox_start_timeout_s`; a pool checkout when the pool stalled that long (`WarmPool.checkout`). A
+    start on the request's path gives up at that bound too (its sandbox would come too late); the pool's
+    background starts keep the backend's own limit (no request waits on one of them)."""
     deadline_s = settings.sandbox_start_timeout_s
 
     def start(spec: SandboxSpec, start_timeout_s: float | None = None) -> Sandbox:
