@@ -84,7 +84,8 @@ $(SERVICE_VENV)/.installed: pyproject.toml constraints-service.txt
 	$(SERVICE_VENV)/bin/python -m pip install -q -c constraints-service.txt -e '.[server,tasks]'
 	touch $@
 
-# Builds coding-env-sandbox:latest unless it exists (from a registry base, else offline via debootstrap).
+# Builds coding-env-sandbox:latest unless it exists and was built from this checkout's Dockerfile (from a registry base,
+# else offline via debootstrap).
 image: install
 	$(VENV)/bin/coding-env build-image --if-missing
 
