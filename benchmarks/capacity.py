@@ -43,6 +43,7 @@ from pathlib import Path
 import httpx
 
 from sandbox import DockerSpec, Sandbox, open_sandbox
+from samples import process_cpu_s
 from service_latency import service_container_ids, start_service
 
 TASK_ID = "builtin/fizzbuzz"
@@ -52,20 +53,10 @@ LIGHT_MIX: list[tuple[str, dict[str, object]]] = [
     ("read_file", {"path": "solution.py"}),
     ("write_file", {"path": "solution.py", "content": SOLUTION}),
 ]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 
 
 # --- CPU and memory of processes and containers -----------------------------------------------
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of `pid` and of the children it has reaped (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return sum(int(value) for value in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
 
 
 def rss_mib(pid: int) -> float:

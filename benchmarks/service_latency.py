@@ -42,7 +42,7 @@ from websockets.frames import Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from samples import checked_exec, checked_step, percentile
+from samples import checked_exec, checked_step, percentile, timed_in_turns
 from sandbox import SandboxSpec, open_sandbox
 from sandbox.docker_backend import OWNER_LABEL, SERVICE_LABEL, SERVICE_VALUE
 
@@ -51,33 +51,6 @@ BASH_TRUE = {"type": "call_tool", "tool_name": "bash", "arguments": {"command": 
 MAX_STEPS = 1000
 """The most steps a task allows (`TaskLimits.max_steps`); every timed step of one episode must fit in it."""
 TASK = {"task": {"id": "bench/noop", "prompt": "Benchmark.", "files": {"main.py": "print(1)\n"}, "limits": {"max_steps": MAX_STEPS}}}
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used so far, all its threads (Linux's /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def timed_in_turns(series: dict[str, tuple[Callable[[], object], int]], repeat: int) -> dict[str, tuple[list[float], float]]:
-    """Each of `series`' actions (name -> the action, and the process whose CPU it costs) timed `repeat` times,
-    the actions taking turns in an order that rotates every round. This VM's speed drifts by the minute, and a
-    series timed after another would carry the drift into their difference; taken in turns, a slower minute
-    slows every series alike. Returns name -> (milliseconds of each call, CPU milliseconds that process used
-    per call, all its threads: a busy VM inflates CPU time too, by the same factor for every series)."""
-    names = list(series)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    cpu_s = dict.fromkeys(names, 0.0)
-    for round_ in range(repeat):
-        turn = round_ % len(names)
-        for name in names[turn:] + names[:turn]:
-            action, pid = series[name]
-            cpu_before = process_cpu_s(pid)
-            start = time.perf_counter()
-            action()
-            samples[name].append((time.perf_counter() - start) * 1000)
-            cpu_s[name] += process_cpu_s(pid) - cpu_before
-    return {name: (samples[name], cpu_s[name] * 1000 / repeat) for name in names}
 
 
 def report(name: str, samples_ms: list[float], cpu_ms: float | None = None) -> float:
