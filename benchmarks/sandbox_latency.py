@@ -1,7 +1,7 @@
 """Sandbox latency: cold start, warm checkout, exec round trips, file transfer, concurrency.
 
 Baseline in the same run: the docker SDK's `exec_run` (one `docker exec` per call) for the
-same commands in the same container, timed in turns with ours. Prints a markdown table for docs/benchmarks.md. Every timed
+same commands in the same container. Prints a markdown table for docs/benchmarks.md. Every timed
 exec (the baseline's too) must exit 0 and every file round trip return what was written; an error
 under concurrency is counted in the table and then fails the run.
 
@@ -11,14 +11,13 @@ under concurrency is counted in the table and then fails the run.
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from docker.models.containers import Container
 
-from samples import checked_exec, percentile, timed_in_turns, timed_ms
+from samples import checked_exec, percentile, timed_ms
 from sandbox import BackendSpec, DockerSpec, LocalSpec, Sandbox, WarmPool, open_sandbox
 
 SPEC: BackendSpec = DockerSpec()
@@ -131,12 +130,11 @@ def main() -> None:
 
             baseline_container = default_client().containers.get(sandbox.deployment.container_id)
         for command, repeat in (("true", n), ("python3 -c pass", n // 2)):
-            # Taken in turns with the baseline, so that the VM's drift falls on both alike.
-            series = {"ours": (lambda: checked_exec(sandbox, command), os.getpid())}
+            ours = timed_ms(lambda: checked_exec(sandbox, command), repeat)
+            baseline = None
             if baseline_container is not None:
-                series["exec_run"] = (lambda: checked_exec_run(baseline_container, command), os.getpid())
-            timed = timed_in_turns(series, repeat)
-            print(row(f"exec round trip `{command}`", timed["ours"][0], timed["exec_run"][0] if "exec_run" in timed else None))
+                baseline = timed_ms(lambda: checked_exec_run(baseline_container, command), repeat)
+            print(row(f"exec round trip `{command}`", ours, baseline))
 
         def write_then_read() -> None:
             sandbox.write_file("bench.bin", payload)
