@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
 from openenv.core.env_server.serialization import serialize_observation
@@ -36,7 +37,7 @@ from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry
 from env_server.tools import TOOLS
 from env_server.trajectories import EpisodeLog
-from sandbox import Sandbox, SandboxSpec, WarmPool, open_sandbox
+from sandbox import Sandbox, WarmPool, open_sandbox
 from sandbox.deadline import within_deadline
 from sandbox.spec import DockerSpec
 
@@ -238,13 +239,10 @@ def _sandbox_source(settings: ServiceSettings, size: int) -> tuple[Callable[[], 
     start on the request's path gives up at that bound too (its sandbox would come too late); the pool's
     background starts keep the backend's own limit (no request waits on one of them)."""
     deadline_s = settings.sandbox_start_timeout_s
-
-    def start(spec: SandboxSpec, start_timeout_s: float | None = None) -> Sandbox:
-        return open_sandbox(spec, settings.sandbox_backend, start_timeout_s=start_timeout_s)
-
     if size == 0:
-        return (lambda: within_deadline(lambda: start(settings.sandbox, deadline_s), deadline_s)), None
-    pool = WarmPool(settings.sandbox, size=size, backend=settings.sandbox_backend, start=start)
+        cold_start = partial(open_sandbox, settings.sandbox, settings.sandbox_backend, start_timeout_s=deadline_s)
+        return (lambda: within_deadline(cold_start, deadline_s)), None
+    pool = WarmPool(settings.sandbox, size=size, backend=settings.sandbox_backend)
     return (lambda: pool.checkout(timeout_s=deadline_s)), pool  # the pool bounds a stall itself (decision 034)
 
 

@@ -2,10 +2,9 @@
 
 Calls into one session are serialised by its lock, so steps never interleave; a step awaits its
 command on the event loop and hands what blocks to a thread pool (decision 136), so sessions proceed
-in parallel. At the capacity bound a new
-session waits in a FIFO admission queue (`env_server.admission`) for up to `admission_timeout_s`,
-then is refused with `capacity_reached`; an idle reaper closes sessions nobody touched for
-`idle_timeout_s`, freeing their sandboxes.
+in parallel. At the capacity bound a new session waits in a FIFO admission queue
+(`env_server.admission`) for up to `admission_timeout_s`, then is refused with `capacity_reached`;
+an idle reaper closes sessions nobody touched for `idle_timeout_s`, freeing their sandboxes.
 """
 
 from __future__ import annotations
