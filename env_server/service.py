@@ -180,8 +180,8 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
     # What a step hands off (`asyncio.to_thread`: a blocking tool, grading) runs on the sessions' threads too.
     loop.set_default_executor(executor)
     await loop.run_in_executor(executor, _reap_orphans, settings)
-    checkout, pool = _sandbox_source(settings, settings.pool_size)
-    grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size)
+    checkout, pool = _sandbox_source(settings, settings.pool_size, loop)
+    grader_checkout, grading_pool = _sandbox_source(settings, settings.grading_pool_size, loop)
     if pool is not None:
         metrics.track_pool(lambda: pool.ready_count)
     hints = HintGenerator(settings.hints, list(TOOLS))
@@ -233,16 +233,17 @@ async def open_service(settings: ServiceSettings, tasks: TaskRegistry, metrics: 
         executor.shutdown(wait=True)
 
 
-def _sandbox_source(settings: ServiceSettings, size: int) -> tuple[Callable[[], Sandbox], WarmPool | None]:
+def _sandbox_source(settings: ServiceSettings, size: int, loop: asyncio.AbstractEventLoop) -> tuple[Callable[[], Sandbox], WarmPool | None]:
     """Where sandboxes come from: a warm pool of `size` (none when 0). A cold start gives up at
     `sandbox_start_timeout_s`; a pool checkout when the pool stalled that long (`WarmPool.checkout`). A
     start on the request's path gives up at that bound too (its sandbox would come too late); the pool's
-    background starts keep the backend's own limit (no request waits on one of them)."""
+    background starts keep the backend's own limit (no request waits on one of them). Every sandbox's
+    replies are read on the service's event loop (decision 138)."""
     deadline_s = settings.sandbox_start_timeout_s
     if size == 0:
-        cold_start = partial(open_sandbox, settings.sandbox, settings.sandbox_backend, start_timeout_s=deadline_s)
+        cold_start = partial(open_sandbox, settings.sandbox, settings.sandbox_backend, start_timeout_s=deadline_s, replies_on=loop)
         return (lambda: within_deadline(cold_start, deadline_s)), None
-    pool = WarmPool(settings.sandbox, size=size, backend=settings.sandbox_backend)
+    pool = WarmPool(settings.sandbox, size=size, start=partial(open_sandbox, backend=settings.sandbox_backend, replies_on=loop))
     return (lambda: pool.checkout(timeout_s=deadline_s)), pool  # the pool bounds a stall itself (decision 034)
 
 

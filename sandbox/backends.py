@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from sandbox.deployment import Deployment
 from sandbox.runtime import Sandbox
 from sandbox.spec import Backend, LocalSpec, SandboxSpec, backend_spec
@@ -21,10 +23,15 @@ def deployment_for(spec: SandboxSpec | None = None, backend: Backend | None = No
     return DockerDeployment(spec, start_timeout_s=start_timeout_s)
 
 
-def open_sandbox(spec: SandboxSpec | None = None, backend: Backend | None = None, start_timeout_s: float | None = None) -> Sandbox:
+def open_sandbox(
+    spec: SandboxSpec | None = None,
+    backend: Backend | None = None,
+    start_timeout_s: float | None = None,
+    replies_on: asyncio.AbstractEventLoop | None = None,
+) -> Sandbox:
     """Start a sandbox and return it once its supervisor answers; close it (or use `with`).
 
     `DockerSpec` and `LocalSpec` name their backend; a plain `SandboxSpec` runs on `backend`
     (default docker). `start_timeout_s` bounds the start until the supervisor answers (default:
-    the backend's)."""
-    return Sandbox(deployment_for(spec, backend, start_timeout_s))
+    the backend's). `replies_on` has that event loop read the supervisor's replies (`Sandbox`)."""
+    return Sandbox(deployment_for(spec, backend, start_timeout_s), replies_on)

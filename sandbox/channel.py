@@ -1,13 +1,16 @@
-"""Host side of the supervisor protocol: JSON-lines requests over any pair of byte streams.
+"""Host side of the supervisor protocol: JSON-lines requests over the supervisor's stdin and stdout.
 
-Both backends hand this class two callables, one that reads the next chunk of the
-supervisor's stdout and one that writes to its stdin; everything above them (request ids,
-concurrent callers, error mapping, reply authentication) is shared.
+Both backends hand this class the same `SupervisorStreams`: a read of what the supervisor wrote, a
+write to it, and the descriptor that polls readable when a read will not block. Everything above them
+(request ids, concurrent callers, error mapping, reply authentication) is shared.
+
+Replies are read on a thread of the channel's own, or, given `replies_on`, by that event loop itself
+(decision 138): a request awaited on it is then completed where it waits, without waking a thread.
 
 Every reply line is `MAC JSON`: the hex keyed BLAKE2b of the JSON bytes under a per-sandbox key
 that the host sends once over stdin at start-up, before any command runs (decision 006). A line
 that does not authenticate or parse fails at most the one request whose id it names, with a
-`SandboxError`; the reader thread itself never dies of a bad line.
+`SandboxError`; the reader itself never dies of a bad line.
 
 Bytes (file contents, archives) travel raw after their line, never inside the JSON (decision
 011): the line names their count (`payload_bytes`) and, in a reply, their MAC (`payload_mac`).
@@ -26,6 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from sandbox.base import ArchiveTooLarge, FailureReport, FileTooLarge, SandboxError, SealingUnavailable
@@ -34,6 +38,12 @@ KEY_BYTES = 32
 MAC_BYTES = 16
 MAX_PAYLOAD_BYTES = 4 * 2**30
 """Bound on one reply's announced payload; beyond it the channel counts as broken."""
+READ_BYTES = 2**18
+"""Most bytes one read of a supervisor's stdout takes (a backend's `SupervisorStreams.read`; an archive comes in
+many reads)."""
+DETACH_TIMEOUT_S = 5.0
+"""How long closing a channel waits for its event loop to stop watching the stream (a loop that is
+running answers at its next turn; one that is stuck is given up on)."""
 
 
 def reply_mac(key: bytes, body: bytes) -> bytes:
@@ -41,23 +51,43 @@ def reply_mac(key: bytes, body: bytes) -> bytes:
     return hashlib.blake2b(body, key=key, digest_size=MAC_BYTES).hexdigest().encode()
 
 
+@dataclass(frozen=True)
+class SupervisorStreams:
+    """The supervisor's stdin and stdout as a backend hands them to the host's channel."""
+
+    read: Callable[[], bytes | None]
+    """One read of the supervisor's stdout, blocking until something came: its bytes (possibly none, when
+    what came was only the backend's framing), None at the end of the stream."""
+    write: Callable[[bytes], None]
+    """Writes all of the bytes to the supervisor's stdin."""
+    fileno: int
+    """Polls readable when `read` will not block (an event loop reading replies watches it)."""
+    describe_failure: Callable[[], FailureReport]
+    """Explains a dead channel (may ask the backend's engine: it blocks)."""
+
+
 class SupervisorChannel:
     """A request/reply client of one supervisor; thread-safe, replies matched by id."""
 
-    def __init__(self, read_chunk: Callable[[], bytes], write: Callable[[bytes], None], describe_failure: Callable[[], FailureReport]):
-        """`read_chunk` returns b"" at end of stream; `describe_failure` explains a dead channel."""
-        self._write = write
-        self._describe_failure = describe_failure
+    def __init__(self, streams: SupervisorStreams, replies_on: asyncio.AbstractEventLoop | None = None):
+        """Starts reading replies: on a thread of its own, or on `replies_on`, an event loop that is running
+        (or about to run) on another thread. There a reply to a request awaited on that loop completes it
+        directly; a blocking `request` must then come from another thread, and `close` frees the stream."""
+        self._streams = streams
         self.key = os.urandom(KEY_BYTES)
         """Authenticates replies; the backend sends it to the supervisor (`send_raw`) at start-up."""
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._pending: dict[int, Future[dict[str, Any]] | asyncio.Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._closed: SandboxError | None = None
         """Why the channel died; each request after that raises a copy (one traceback each)."""
-        self._reader = threading.Thread(target=self._read_replies, args=(read_chunk,), name="supervisor-reader", daemon=True)
-        self._reader.start()
+        self._replies = _ReplyParser(self.key, self._dispatch)
+        self._loop = replies_on
+        if replies_on is None:
+            threading.Thread(target=self._read_on_thread, name="supervisor-reader", daemon=True).start()
+        else:
+            replies_on.call_soon_threadsafe(replies_on.add_reader, streams.fileno, self._read_on_loop)
 
     @property
     def is_open(self) -> bool:
@@ -66,7 +96,7 @@ class SupervisorChannel:
     def send_raw(self, data: bytes) -> None:
         """Write bytes that are not a request (the supervisor's source and key at start-up)."""
         with self._write_lock:
-            self._write(data)
+            self._streams.write(data)
 
     def request(self, op: str, reply_timeout_s: float, payload: bytes = b"", **params: Any) -> dict[str, Any]:
         """Send one request (with `payload` as raw bytes after its line) and wait for its reply;
@@ -75,7 +105,10 @@ class SupervisorChannel:
         A failure reply is raised as the `OSError` subclass of its errno, as `ArchiveTooLarge` or
         `FileTooLarge` or `SealingUnavailable` when it names one of them, else as `SandboxError`.
         """
-        request_id, future = self._send(op, payload, params)
+        if self._loop is not None and _running_loop() is self._loop:
+            raise RuntimeError(f"a blocking {op!r} on the event loop that reads its reply would wait forever; await it or run it on a thread")
+        future: Future[dict[str, Any]] = Future()
+        request_id = self._send(op, payload, params, future)
         try:
             reply = future.result(timeout=reply_timeout_s)
         except TimeoutError:
@@ -85,21 +118,29 @@ class SupervisorChannel:
         return _succeeded(op, reply)
 
     async def request_async(self, op: str, reply_timeout_s: float, **params: Any) -> dict[str, Any]:
-        """`request` for a caller on an event loop: the reader thread hands the reply to the loop, so no
-        thread of the caller's waits for it (an exec from a worker thread took 0.065 ms longer). Without a
-        payload: writing one could hold the loop until the supervisor had read it."""
-        request_id, future = self._send(op, b"", params)
+        """`request` for a caller on an event loop, no thread of the caller's waiting for the reply. On the loop
+        that reads replies, the reply completes this request where it waits; on another, the reader hands it over
+        (`asyncio.wrap_future`). Without a payload: writing one could hold the loop until the supervisor had read it."""
+        loop = asyncio.get_running_loop()
+        future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]] = loop.create_future() if loop is self._loop else Future()
+        request_id = self._send(op, b"", params, future)
         try:
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), reply_timeout_s)
+            reply = await asyncio.wait_for(future if isinstance(future, asyncio.Future) else asyncio.wrap_future(future), reply_timeout_s)
         except TimeoutError:
             raise _no_reply(op, reply_timeout_s) from None
         finally:
             self._forget(request_id)
         return _succeeded(op, reply)
 
-    def _send(self, op: str, payload: bytes, params: dict[str, Any]) -> tuple[int, Future[dict[str, Any]]]:
-        """Write one request; returns its id and the future its reply (or the channel's failure) completes."""
-        future: Future[dict[str, Any]] = Future()
+    def close(self) -> None:
+        """Stop reading replies, and fail every request still waiting for one. The backend may close the
+        streams afterwards (an event loop no longer watches them). Idempotent."""
+        if self._loop is not None:
+            _stop_watching(self._loop, self._streams.fileno)
+        self._fail(FailureReport("sandbox was closed"), reason="supervisor channel closed")
+
+    def _send(self, op: str, payload: bytes, params: dict[str, Any], future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]]) -> int:
+        """Write one request whose reply (or the channel's failure) completes `future`; returns its id."""
         with self._lock:
             if self._closed is not None:
                 raise self._closed_error()
@@ -108,78 +149,117 @@ class SupervisorChannel:
         header = {"id": request_id, "op": op, **params, **({"payload_bytes": len(payload)} if payload else {})}
         try:
             with self._write_lock:
-                self._write(json.dumps(header).encode() + b"\n")
+                self._streams.write(json.dumps(header).encode() + b"\n")
                 if payload:
-                    self._write(payload)
+                    self._streams.write(payload)
         except OSError as exc:
             self._forget(request_id)
             raise SandboxError(f"cannot write to the supervisor: {exc}") from exc
-        return request_id, future
+        return request_id
 
     def _forget(self, request_id: int) -> None:
         with self._lock:
             self._pending.pop(request_id, None)
 
-    def _read_replies(self, read_chunk: Callable[[], bytes]) -> None:
-        stream = _ReplyStream(read_chunk)
+    def _read_on_thread(self) -> None:
         try:
-            while (line := stream.line()) is not None:
-                if not self._dispatch(line, stream):
-                    break
+            while (data := self._streams.read()) is not None:
+                self._replies.feed(data)
+            reason = "supervisor channel closed"
         except (OSError, ValueError) as exc:
-            self._fail(f"supervisor channel broke: {exc}")
-        self._fail("supervisor channel closed")
+            reason = f"supervisor channel broke: {exc}"
+        if self.is_open:  # not closed by the host meanwhile
+            self._fail(self._streams.describe_failure(), reason)
 
-    def _dispatch(self, line: bytes, stream: _ReplyStream) -> bool:
-        """Hand an authenticated, well-formed reply (and its payload) to its caller; fail the
-        caller of a bad one. False when the stream ended inside a payload."""
-        mac, _, body = line.partition(b" ")
+    def _read_on_loop(self) -> None:
+        """The stream polled readable: one read, its replies dispatched. At its end the loop stops watching it,
+        and the failure is described on a thread (a backend may ask its engine, which blocks)."""
         try:
-            reply = json.loads(body)
-        except ValueError:
-            reply = None
-        request_id = reply.get("id") if isinstance(reply, dict) else None
-        authentic = hmac.compare_digest(mac, reply_mac(self.key, body))
-        failure = None
-        if authentic and isinstance(reply, dict) and "payload_bytes" in reply:
-            size, payload_mac = reply.pop("payload_bytes"), reply.pop("payload_mac", None)
-            if not isinstance(size, int) or not 0 <= size <= MAX_PAYLOAD_BYTES or not isinstance(payload_mac, str):
-                raise ValueError(f"reply to request {request_id} announces a malformed payload")
-            payload = stream.exactly(size)
-            if payload is None:
-                return False
-            if hmac.compare_digest(payload_mac.encode(), reply_mac(self.key, payload)):
-                reply["payload"] = payload
-            else:
-                failure = f"the payload of the reply to request {request_id} failed authentication (corrupted)"
+            if (data := self._streams.read()) is not None:
+                self._replies.feed(data)
+                return
+            reason = "supervisor channel closed"
+        except (OSError, ValueError) as exc:
+            reason = f"supervisor channel broke: {exc}"
+        assert self._loop is not None
+        self._loop.remove_reader(self._streams.fileno)
+        self._loop.run_in_executor(None, lambda: self._fail(self._streams.describe_failure(), reason))
+
+    def _dispatch(self, reply: dict[str, Any] | None, request_id: object, failure: str | None) -> None:
+        """Complete the request `request_id` names with `reply`, or fail it with `failure`; a reply that
+        belongs to no waiting request (forged, late or garbage) fails nothing."""
         with self._lock:
             future = self._pending.get(request_id) if isinstance(request_id, int) else None
         if future is None or future.done():
-            return True  # belongs to no waiting request (forged, late or garbage): nothing to fail
-        if not authentic:
-            failure = f"reply to request {request_id} failed authentication (forged or corrupted)"
-        elif not isinstance(reply.get("ok"), bool):
+            return
+        if failure is None and not isinstance(reply.get("ok"), bool):
             failure = f"malformed reply to request {request_id}: no boolean 'ok'"
         if failure is None:
             future.set_result(reply)
         else:
             future.set_exception(SandboxError(failure))
-        return True
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, report: FailureReport, reason: str) -> None:
         with self._lock:
             if self._closed is not None:
                 return
-            report = self._describe_failure()
             self._closed = SandboxError(f"{reason}{': ' + report.detail if report.detail else ''}", oom_killed=report.oom_killed)
             pending = list(self._pending.values())
         for future in pending:
-            if not future.done():
-                future.set_exception(self._closed_error())
+            _fail_future(future, self._closed_error())
 
     def _closed_error(self) -> SandboxError:
         assert self._closed is not None
         return SandboxError(str(self._closed), oom_killed=self._closed.oom_killed)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _stop_watching(loop: asyncio.AbstractEventLoop, fileno: int) -> None:
+    """Make `loop` stop watching `fileno`, and return once it has: a descriptor closed while a loop still
+    watches it is undefined behaviour for the loop (libuv's, uvloop's)."""
+    if loop.is_closed():
+        return
+    if _running_loop() is loop or not loop.is_running():
+        loop.remove_reader(fileno)
+        return
+    stopped = threading.Event()
+
+    def stop() -> None:
+        loop.remove_reader(fileno)
+        stopped.set()
+
+    try:
+        loop.call_soon_threadsafe(stop)
+    except RuntimeError:
+        return  # closed meanwhile
+    stopped.wait(DETACH_TIMEOUT_S)
+
+
+def _fail_future(future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]], error: SandboxError) -> None:
+    """Fail a waiting request from any thread: an asyncio future only on its own loop's thread."""
+    if isinstance(future, Future):
+        if not future.done():
+            future.set_exception(error)
+        return
+
+    def fail() -> None:
+        if not future.done():
+            future.set_exception(error)
+
+    loop = future.get_loop()
+    if _running_loop() is loop:
+        fail()
+    else:
+        try:
+            loop.call_soon_threadsafe(fail)
+        except RuntimeError:
+            pass  # its loop is closed: nothing awaits it any more
 
 
 def _no_reply(op: str, reply_timeout_s: float) -> SandboxError:
@@ -208,31 +288,67 @@ def _failure(op: str, reply: dict[str, Any]) -> Exception:
     return SandboxError(f"supervisor {op!r} failed: {error}: {message}")
 
 
-class _ReplyStream:
-    """The supervisor's stdout as lines and exact byte counts, over chunks of any size."""
+@dataclass
+class _AwaitedPayload:
+    """A signed reply line whose payload has not all come yet."""
 
-    def __init__(self, read_chunk: Callable[[], bytes]):
-        self._read_chunk = read_chunk
+    reply: dict[str, Any]
+    request_id: object
+    size: int
+    mac: str
+
+
+class _ReplyParser:
+    """The supervisor's stdout, fed in chunks of any size, read as replies: each line authenticated, a payload
+    consumed only after an authenticated line that announces it. Hands every reply to `deliver(reply,
+    request_id, failure)`, with `failure` set (and `reply` None) when it did not authenticate."""
+
+    def __init__(self, key: bytes, deliver: Callable[[dict[str, Any] | None, object, str | None], None]):
+        self._key = key
+        self._deliver = deliver
         self._buffer = bytearray()
+        self._searched = 0
+        """How much of the buffer holds no newline (a long line comes in many chunks: search each byte once)."""
+        self._awaited: _AwaitedPayload | None = None
 
-    def line(self) -> bytes | None:
-        """The next line without its newline; None at end of stream."""
-        searched = 0
-        while (end := self._buffer.find(b"\n", searched)) == -1:
-            searched = len(self._buffer)
-            if not (chunk := self._read_chunk()):
-                return None
-            self._buffer += chunk
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        return line
+    def feed(self, data: bytes) -> None:
+        """Read what `data` completes. Raises ValueError at a signed line that announces an impossible payload:
+        the stream cannot be followed past it."""
+        self._buffer += data
+        while True:
+            if self._awaited is None:
+                end = self._buffer.find(b"\n", self._searched)
+                if end == -1:
+                    self._searched = len(self._buffer)
+                    return
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                self._searched = 0
+                self._read_line(line)
+            elif len(self._buffer) >= self._awaited.size:
+                awaited, self._awaited = self._awaited, None
+                payload = bytes(self._buffer[: awaited.size])
+                del self._buffer[: awaited.size]
+                if hmac.compare_digest(awaited.mac.encode(), reply_mac(self._key, payload)):
+                    self._deliver({**awaited.reply, "payload": payload}, awaited.request_id, None)
+                else:
+                    self._deliver(None, awaited.request_id, f"the payload of the reply to request {awaited.request_id} failed authentication (corrupted)")
+            else:
+                return
 
-    def exactly(self, size: int) -> bytes | None:
-        """The next `size` bytes; None if the stream ends first."""
-        while len(self._buffer) < size:
-            if not (chunk := self._read_chunk()):
-                return None
-            self._buffer += chunk
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return data
+    def _read_line(self, line: bytes) -> None:
+        mac, _, body = line.partition(b" ")
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            reply = None
+        request_id = reply.get("id") if isinstance(reply, dict) else None
+        if not hmac.compare_digest(mac, reply_mac(self._key, body)):
+            self._deliver(None, request_id, f"reply to request {request_id} failed authentication (forged or corrupted)")
+        elif isinstance(reply, dict) and "payload_bytes" in reply:
+            size, payload_mac = reply.pop("payload_bytes"), reply.pop("payload_mac", None)
+            if not isinstance(size, int) or not 0 <= size <= MAX_PAYLOAD_BYTES or not isinstance(payload_mac, str):
+                raise ValueError(f"reply to request {request_id} announces a malformed payload")
+            self._awaited = _AwaitedPayload(reply, request_id, size, payload_mac)
+        elif isinstance(reply, dict):
+            self._deliver(reply, request_id, None)

@@ -1,9 +1,9 @@
 """Where a sandbox lives: the surface a backend offers to start one and remove it again.
 
 A deployment starts the sandbox with the supervisor's bootstrap (`sandbox.supervisor.
-bootstrap_argv`) as its main process and hands back the channel to it; everything done in the
-sandbox afterwards (commands, files, archives) goes over that channel and belongs to
-`sandbox.runtime.Sandbox`, the same for every backend.
+bootstrap_argv`) as its main process and hands back that process's stdin and stdout; everything
+done in the sandbox afterwards (commands, files, archives) goes over the channel the runtime opens
+on them and belongs to `sandbox.runtime.Sandbox`, the same for every backend.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import ClassVar, Self
 
-from sandbox.channel import SupervisorChannel
+from sandbox.channel import SupervisorStreams
 from sandbox.spec import BackendSpec
 
 BASE_ENV = {"HOME": "/tmp", "LANG": "C.UTF-8"}
@@ -59,9 +59,10 @@ class Deployment(abc.ABC):
             shutil.rmtree(self.inbox_dir, ignore_errors=True)
 
     @abc.abstractmethod
-    def start(self) -> SupervisorChannel:
-        """Start the sandbox and return the channel to its supervisor, on which nothing has been
-        sent yet (the runtime sends the supervisor's source and key). Called once."""
+    def start(self) -> SupervisorStreams:
+        """Start the sandbox and return its supervisor's stdin and stdout, on which nothing has been
+        sent yet (the runtime opens its channel over them and sends the supervisor's source and key).
+        Called once."""
 
     @abc.abstractmethod
     def stop(self) -> None:

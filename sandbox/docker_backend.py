@@ -14,19 +14,18 @@ import functools
 import logging
 import os
 import socket
+import struct
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import docker.errors
 import requests
 from docker.types import LogConfig, Ulimit
-from docker.utils.socket import STDOUT, frames_iter
 
 from sandbox.base import FailureReport, SandboxError
-from sandbox.channel import SupervisorChannel
+from sandbox.channel import READ_BYTES, SupervisorStreams
 from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import DockerSpec
 from sandbox.supervisor import bootstrap_argv
@@ -131,7 +130,7 @@ class DockerDeployment(Deployment):
             log_config=LogConfig(type=LogConfig.types.NONE),
         )
 
-    def start(self) -> SupervisorChannel:
+    def start(self) -> SupervisorStreams:
         self._create_inbox()
         try:
             created = self._api.create_container(
@@ -160,17 +159,13 @@ class DockerDeployment(Deployment):
             self._api.start(self._container_id)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot start a sandbox from {self.spec.image}: {exc}") from exc
-        return SupervisorChannel(self._stdout_reader(self._socket).__next__, self._socket.sendall, self._describe_failure)
+        sock, attached_stream = self._socket, _AttachedStream(self._stderr_tail)
 
-    def _stdout_reader(self, sock: socket.socket) -> Iterator[bytes]:
-        """Demultiplex Docker's attach stream: stdout chunks out, stderr kept for diagnostics."""
-        for stream, data in frames_iter(sock, tty=False):
-            if stream == STDOUT:
-                yield data
-            else:
-                self._stderr_tail.append(data)
-        while True:
-            yield b""
+        def read() -> bytes | None:
+            data = sock.recv(READ_BYTES)
+            return attached_stream.stdout_in(data) if data else None
+
+        return SupervisorStreams(read, sock.sendall, sock.fileno(), self._describe_failure)
 
     def _describe_failure(self) -> FailureReport:
         if self._container_id is None:
@@ -200,6 +195,38 @@ class DockerDeployment(Deployment):
         if container_id is not None:
             _remove(self._api, container_id)
         self._remove_inbox()
+
+
+class _AttachedStream:
+    """Docker's attached stream, read back into the supervisor's stdout: every frame is a header of 8 bytes
+    (the stream's number, 3 zero bytes, the size) and its data. What the supervisor writes to stderr is kept
+    for diagnostics."""
+
+    HEADER = struct.Struct(">BxxxL")
+    STDOUT = 1
+
+    def __init__(self, stderr_tail: deque[bytes]):
+        self._stderr_tail = stderr_tail
+        self._buffer = bytearray()
+
+    def stdout_in(self, data: bytes) -> bytes:
+        """The stdout bytes of the frames that `data` completes (a frame may span reads)."""
+        self._buffer += data
+        stdout = bytearray()
+        start = 0
+        while len(self._buffer) - start >= self.HEADER.size:
+            stream, size = self.HEADER.unpack_from(self._buffer, start)
+            end = start + self.HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            frame = self._buffer[start + self.HEADER.size : end]
+            if stream == self.STDOUT:
+                stdout += frame
+            else:
+                self._stderr_tail.append(bytes(frame))
+            start = end
+        del self._buffer[:start]
+        return bytes(stdout)
 
 
 def _remove(api: docker.APIClient, container_id: str) -> None:

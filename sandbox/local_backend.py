@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from sandbox.base import FailureReport, SandboxError
-from sandbox.channel import SupervisorChannel
+from sandbox.channel import READ_BYTES, SupervisorStreams
 from sandbox.deployment import BASE_ENV, INBOX_MOUNT, Deployment
 from sandbox.spec import LocalSpec
 from sandbox.supervisor import bootstrap_argv
@@ -162,7 +162,7 @@ class LocalDeployment(Deployment):
     def fresh(self) -> LocalDeployment:
         return LocalDeployment(self.spec, self.start_timeout_s)
 
-    def start(self) -> SupervisorChannel:
+    def start(self) -> SupervisorStreams:
         # Resolved on the service's PATH: the sandbox starts with a bare one (below), on which
         # `setpriv` would look for bwrap again and miss one the service was given (decision 117).
         program = shutil.which("bwrap")
@@ -177,7 +177,14 @@ class LocalDeployment(Deployment):
         self._process = _spawner.submit(
             subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env={"PATH": SANDBOX_PATH}
         ).result()
-        return SupervisorChannel(self._process.stdout.read1, self._write, self._describe_failure)
+        stdout = self._process.stdout.fileno()
+
+        def read() -> bytes | None:
+            # The descriptor itself, not the buffered file over it: bytes buffered there would wait unseen by a
+            # loop that polls the descriptor.
+            return os.read(stdout, READ_BYTES) or None
+
+        return SupervisorStreams(read, self._write, stdout, self._describe_failure)
 
     def _write(self, data: bytes) -> None:
         self._process.stdin.write(data)

@@ -1,8 +1,9 @@
 """What you do in a sandbox, whatever its backend: every operation is a request to the
-supervisor over the channel its deployment handed back."""
+supervisor over the channel opened on the streams its deployment handed back."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -37,15 +38,22 @@ class Sandbox:
     """One isolated workspace, started on construction; `close()` (or `with`) removes it.
     Paths are relative to the workspace unless absolute."""
 
-    def __init__(self, deployment: Deployment):
-        """Start `deployment` and wait until its supervisor answers; a failed start stops it again."""
+    def __init__(self, deployment: Deployment, replies_on: asyncio.AbstractEventLoop | None = None):
+        """Start `deployment` and wait until its supervisor answers; a failed start stops it again.
+
+        `replies_on`: the event loop that reads the supervisor's replies, instead of a thread of the sandbox's
+        own (decision 138). An `exec_async` awaited on that loop then wakes no thread. The loop must be running
+        on another thread, from start to `close`, and every blocking call (this constructor included) must
+        come from a thread other than the loop's."""
         self.deployment = deployment
         """Where this sandbox lives (backend-specific handles: container id, host pid...)."""
         self.spec = deployment.spec
         self.id = deployment.id
+        self.replies_on = replies_on
+        """The event loop that reads replies; None: a thread of this sandbox's."""
         self._channel: SupervisorChannel | None = None
         try:
-            self._channel = deployment.start()
+            self._channel = SupervisorChannel(deployment.start(), replies_on)
             self._hand_over_supervisor(deployment.start_timeout_s)
         except BaseException:
             self.close()
@@ -61,8 +69,9 @@ class Sandbox:
 
     def open_fresh(self) -> Sandbox:
         """Start a new sandbox on the same backend with the same spec (nothing of this one's
-        workspace in it), e.g. to grade a submission where the agent's processes cannot reach."""
-        return Sandbox(self.deployment.fresh())
+        workspace in it), e.g. to grade a submission where the agent's processes cannot reach. Its replies
+        are read where this sandbox's are."""
+        return Sandbox(self.deployment.fresh(), self.replies_on)
 
     def _request(self, op: str, reply_timeout_s: float, payload: bytes = b"", **params: object) -> dict[str, Any]:
         return self._open_channel().request(op, reply_timeout_s, payload, **params)
@@ -213,7 +222,9 @@ class Sandbox:
 
     def close(self) -> None:
         """Stop and remove the sandbox. Idempotent."""
-        self._channel = None
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
         self.deployment.stop()
 
     def __enter__(self) -> Self:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,3 +19,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 def sandbox(backend: str) -> Iterator[Sandbox]:
     with open_sandbox(SPEC, backend=backend) as sb:
         yield sb
+
+
+@pytest.fixture
+def running_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running on a thread of its own, as the service's runs beside its worker threads."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-event-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()

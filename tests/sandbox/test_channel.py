@@ -1,33 +1,45 @@
-"""The host's reader of the supervisor channel, fed by a fake stream: bad lines fail one request,
-never the reader (issue 10, item 2)."""
+"""The host's reader of the supervisor channel, fed by a fake supervisor over a socket pair: bad lines fail
+one request, never the reader (issue 10, item 2). Every test runs with the replies read on the channel's own
+thread and on an event loop (decision 138)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import queue
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from sandbox import ArchiveTooLarge, SandboxError
 from sandbox.base import FailureReport
-from sandbox.channel import SupervisorChannel, reply_mac
+from sandbox.channel import SupervisorChannel, SupervisorStreams, reply_mac
 
 REPLY_TIMEOUT_S = 30.0  # only reached if the channel lost a reply: the tests never wait for it
+READ_BYTES = 5
+"""The host reads the stream 5 bytes at a time: lines and payloads arrive split, as a real stream's can."""
+
+T = TypeVar("T")
 
 
 class FakeSupervisor:
     """Both ends of a channel: requests the host wrote, lines the test makes the 'supervisor' send."""
 
-    def __init__(self) -> None:
-        self.lines: queue.Queue[bytes] = queue.Queue()
+    def __init__(self, replies_on: asyncio.AbstractEventLoop | None) -> None:
+        self.host_end, self.supervisor_end = socket.socketpair()
         self.requests: queue.Queue[dict[str, Any]] = queue.Queue()
         self.payloads: queue.Queue[bytes] = queue.Queue()
         self._payload_left = 0
-        self.channel = SupervisorChannel(self.lines.get, self._write, lambda: FailureReport(""))
+        self.loop = replies_on
+        streams = SupervisorStreams(self._read, self._write, self.host_end.fileno(), lambda: FailureReport(""))
+        self.channel = SupervisorChannel(streams, replies_on)
         self.callers = ThreadPoolExecutor(4)
+
+    def _read(self) -> bytes | None:
+        return self.host_end.recv(READ_BYTES) or None
 
     def _write(self, data: bytes) -> None:
         """A request line, or the raw payload that follows one (kept as the last request's)."""
@@ -45,7 +57,7 @@ class FakeSupervisor:
         return self.requests.get(timeout=REPLY_TIMEOUT_S)["id"], future
 
     def send_raw(self, line: bytes) -> None:
-        self.lines.put(line + b"\n")
+        self.supervisor_end.sendall(line + b"\n")
 
     def send(self, reply: object, key: bytes | None = None, payload: bytes = b"", payload_key: bytes | None = None) -> None:
         """A reply line signed with `key` (default: the channel's), then `payload` announced in it
@@ -55,19 +67,29 @@ class FakeSupervisor:
             assert isinstance(reply, dict)
             reply = {**reply, "payload_bytes": len(payload), "payload_mac": reply_mac(payload_key or key, payload).decode()}
         body = json.dumps(reply).encode()
-        # Chunks split inside the line and the payload, as a real stream's would be.
-        for chunk in _split(reply_mac(key, body) + b" " + body + b"\n" + payload, 7):
-            self.lines.put(chunk)
+        self.supervisor_end.sendall(reply_mac(key, body) + b" " + body + b"\n" + payload)
+
+    def end_stream(self) -> None:
+        self.supervisor_end.shutdown(socket.SHUT_WR)
+
+    def run(self, scenario: Callable[[], Awaitable[T]]) -> T:
+        """Run `scenario` on the loop that reads the replies, or on a loop of its own when a thread reads them."""
+        if self.loop is None:
+            return asyncio.run(scenario())
+        return asyncio.run_coroutine_threadsafe(scenario(), self.loop).result(REPLY_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.callers.shutdown()
+        self.host_end.close()
+        self.supervisor_end.close()
 
 
-def _split(data: bytes, parts: int) -> list[bytes]:
-    size = max(1, len(data) // parts)
-    return [data[start : start + size] for start in range(0, len(data), size)]
-
-
-@pytest.fixture
-def fake() -> FakeSupervisor:
-    return FakeSupervisor()
+@pytest.fixture(params=["thread", "loop"])
+def fake(request: pytest.FixtureRequest) -> Iterator[FakeSupervisor]:
+    supervisor = FakeSupervisor(request.getfixturevalue("running_loop") if request.param == "loop" else None)
+    yield supervisor
+    supervisor.close()
 
 
 def test_a_signed_reply_is_delivered(fake: FakeSupervisor) -> None:
@@ -132,7 +154,7 @@ def test_named_supervisor_errors_keep_their_type(fake: FakeSupervisor) -> None:
 
 def test_end_of_stream_fails_every_pending_request(fake: FakeSupervisor) -> None:
     _, future = fake.call()
-    fake.lines.put(b"")
+    fake.end_stream()
     with pytest.raises(SandboxError, match="closed"):
         future.result(REPLY_TIMEOUT_S)
     assert not fake.channel.is_open
@@ -195,7 +217,7 @@ def test_an_awaited_request_gets_its_own_reply_beside_a_blocking_one(fake: FakeS
         assert (await awaited)["protocol"] == 2
         assert blocking.result(REPLY_TIMEOUT_S)["protocol"] == 1
 
-    asyncio.run(scenario())
+    fake.run(scenario)
 
 
 def test_an_awaited_request_raises_its_failure_and_the_channels_death(fake: FakeSupervisor) -> None:
@@ -205,11 +227,11 @@ def test_an_awaited_request_raises_its_failure_and_the_channels_death(fake: Fake
         with pytest.raises(ArchiveTooLarge):
             await task
         _, task = await _awaited(fake)
-        fake.lines.put(b"")  # end of stream
+        fake.end_stream()
         with pytest.raises(SandboxError, match="closed"):
             await task
 
-    asyncio.run(scenario())
+    fake.run(scenario)
 
 
 def test_an_awaited_request_without_a_reply_times_out_and_its_late_reply_fails_nothing(fake: FakeSupervisor) -> None:
@@ -222,4 +244,53 @@ def test_an_awaited_request_without_a_reply_times_out_and_its_late_reply_fails_n
         fake.send({"id": request_id, "ok": True, "protocol": 2})
         assert (await task)["protocol"] == 2
 
+    fake.run(scenario)
+
+
+def test_closing_fails_what_waits_and_every_request_after(fake: FakeSupervisor) -> None:
+    _, future = fake.call()
+    fake.channel.close()
+    with pytest.raises(SandboxError, match="closed"):
+        future.result(REPLY_TIMEOUT_S)
+    with pytest.raises(SandboxError, match="closed"):
+        fake.channel.request("ping", REPLY_TIMEOUT_S)
+
+
+def test_a_closed_channel_leaves_the_stream_unwatched(running_loop: asyncio.AbstractEventLoop) -> None:
+    fake = FakeSupervisor(running_loop)
+    fake.channel.close()
+    # remove_reader answers whether the loop still watched the descriptor: the backend may now close it.
+    watched = asyncio.run_coroutine_threadsafe(_remove_reader(fake.host_end.fileno()), running_loop).result(REPLY_TIMEOUT_S)
+    assert watched is False
+    fake.close()
+
+
+async def _remove_reader(fileno: int) -> bool:
+    return asyncio.get_running_loop().remove_reader(fileno)
+
+
+def test_a_blocking_request_on_the_loop_that_reads_its_reply_is_refused(running_loop: asyncio.AbstractEventLoop) -> None:
+    fake = FakeSupervisor(running_loop)
+
+    async def blocking_on_the_loop() -> None:
+        fake.channel.request("ping", REPLY_TIMEOUT_S)
+
+    with pytest.raises(RuntimeError, match="wait forever"):
+        fake.run(blocking_on_the_loop)
+    assert fake.requests.empty()  # refused before anything was sent
+    request_id, future = fake.call()  # from another thread it is served
+    fake.send({"id": request_id, "ok": True, "protocol": 3})
+    assert future.result(REPLY_TIMEOUT_S)["protocol"] == 3
+    fake.close()
+
+
+def test_a_request_awaited_on_another_loop_than_the_reading_one_gets_its_reply(running_loop: asyncio.AbstractEventLoop) -> None:
+    fake = FakeSupervisor(running_loop)
+
+    async def scenario() -> None:
+        request_id, task = await _awaited(fake)
+        fake.send({"id": request_id, "ok": True, "protocol": 3})
+        assert (await task)["protocol"] == 3
+
     asyncio.run(scenario())
+    fake.close()

@@ -1,0 +1,93 @@
+"""A sandbox whose supervisor's replies the caller's event loop reads (`replies_on`, decision 138), as the
+service's sandboxes are, on each backend: commands awaited on the loop beside blocking calls from other
+threads, payloads of many reads, a supervisor that dies under an awaited command, and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from sandbox import Sandbox, SandboxError, open_sandbox
+from sandbox.channel import READ_BYTES
+from sandbox.docker_backend import default_client
+from sandbox.local_backend import LocalDeployment
+from tests.sandbox.support import SPEC
+
+T = TypeVar("T")
+TIMEOUT_S = 60.0  # only reached if a reply was lost
+
+
+def _on(loop: asyncio.AbstractEventLoop, scenario: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run_coroutine_threadsafe(scenario(), loop).result(TIMEOUT_S)
+
+
+def _kill_supervisor(sandbox: Sandbox) -> None:
+    """Kill the sandbox from outside, as an OOM kill or a crashed engine would: its stream ends."""
+    deployment = sandbox.deployment
+    if isinstance(deployment, LocalDeployment):
+        os.kill(deployment.pid, signal.SIGKILL)
+    else:
+        default_client().api.kill(deployment.container_id)
+
+
+def test_awaited_commands_and_blocking_calls_are_served_side_by_side(backend: str, running_loop: asyncio.AbstractEventLoop) -> None:
+    with open_sandbox(SPEC, backend=backend, replies_on=running_loop) as sandbox:
+        data = os.urandom(3 * READ_BYTES + 17)  # a payload of several reads each way
+
+        async def commands_beside_a_transfer() -> list[str]:
+            transfer = asyncio.get_running_loop().run_in_executor(None, sandbox.write_file, "blob", data)
+            outputs = await asyncio.gather(*(sandbox.exec_async(f"echo {i}") for i in range(8)))
+            await transfer
+            return [result.stdout for result in outputs]
+
+        assert _on(running_loop, commands_beside_a_transfer) == [f"{i}\n" for i in range(8)]
+        assert sandbox.read_file("blob") == data
+        assert sandbox.exec("sha256sum blob").stdout.split()[0] == hashlib.sha256(data).hexdigest()
+        assert sandbox.open_fresh().replies_on is running_loop
+
+
+def test_a_supervisor_that_dies_fails_the_awaited_command_and_the_loop_lets_its_stream_go(
+    backend: str, running_loop: asyncio.AbstractEventLoop
+) -> None:
+    sandbox = open_sandbox(SPEC, backend=backend, replies_on=running_loop)
+    fileno = sandbox._channel._streams.fileno
+
+    async def command_under_a_kill() -> bool:
+        command = asyncio.create_task(sandbox.exec_async("sleep 60"))
+        await asyncio.sleep(0)  # the task runs up to its wait: the request is out
+        await asyncio.to_thread(_kill_supervisor, sandbox)
+        with pytest.raises(SandboxError, match="closed"):
+            await command
+        return asyncio.get_running_loop().remove_reader(fileno)
+
+    try:
+        assert _on(running_loop, command_under_a_kill) is False  # no longer watched
+        assert not sandbox.is_alive()
+    finally:
+        sandbox.close()
+
+
+def test_a_blocking_call_on_the_reading_loop_is_refused_and_closing_lets_the_stream_go(
+    backend: str, running_loop: asyncio.AbstractEventLoop
+) -> None:
+    sandbox = open_sandbox(SPEC, backend=backend, replies_on=running_loop)
+    fileno = sandbox._channel._streams.fileno
+
+    async def blocking_exec() -> None:
+        sandbox.exec("true")
+
+    with pytest.raises(RuntimeError, match="wait forever"):
+        _on(running_loop, blocking_exec)
+    assert sandbox.exec("echo served").stdout == "served\n"  # from this thread it is served
+    sandbox.close()
+
+    async def watched() -> bool:
+        return asyncio.get_running_loop().remove_reader(fileno)
+
+    assert _on(running_loop, watched) is False
