@@ -5,7 +5,9 @@ write to it, and the descriptor that polls readable when a read will not block. 
 (request ids, concurrent callers, error mapping, reply authentication) is shared.
 
 Replies are read on a thread of the channel's own, or, given `replies_on`, by that event loop itself
-(decision 138): a request awaited on it is then completed where it waits, without waking a thread.
+(decision 138): a request awaited on it is then completed where it waits, without waking a thread. The loop
+watches a copy of the stream's descriptor that the channel owns and closes once the loop has let it go, so a
+backend may close its own at any time.
 
 Every reply line is `MAC JSON`: the hex keyed BLAKE2b of the JSON bytes under a per-sandbox key
 that the host sends once over stdin at start-up, before any command runs (decision 006). A line
@@ -28,7 +30,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +43,6 @@ MAX_PAYLOAD_BYTES = 4 * 2**30
 READ_BYTES = 2**18
 """Most bytes one read of a supervisor's stdout takes (a backend's `SupervisorStreams.read`; an archive comes in
 many reads)."""
-DETACH_TIMEOUT_S = 5.0
-"""How long closing a channel waits for its event loop to stop watching the stream (a loop that is
-running answers at its next turn; one that is stuck is given up on)."""
 
 
 def reply_mac(key: bytes, body: bytes) -> bytes:
@@ -60,34 +59,43 @@ class SupervisorStreams:
     what came was only the backend's framing), None at the end of the stream."""
     write: Callable[[bytes], None]
     """Writes all of the bytes to the supervisor's stdin."""
-    fileno: int
-    """Polls readable when `read` will not block (an event loop reading replies watches it)."""
+    stdout_fd: int
+    """The descriptor `read` reads (Docker: the attach socket); it polls readable when `read` will not block.
+    An event loop that watches it may make it non-blocking (libuv does): `read` then returns b"" when nothing
+    is there, and `write`, on the same socket, still writes everything."""
     describe_failure: Callable[[], FailureReport]
     """Explains a dead channel (may ask the backend's engine: it blocks)."""
+
+
+Waiter = Future[dict[str, Any]] | asyncio.Future[dict[str, Any]]
+"""A request's future: thread-safe for a blocking caller, an asyncio one on the loop that reads the replies."""
 
 
 class SupervisorChannel:
     """A request/reply client of one supervisor; thread-safe, replies matched by id."""
 
     def __init__(self, streams: SupervisorStreams, replies_on: asyncio.AbstractEventLoop | None = None):
-        """Starts reading replies: on a thread of its own, or on `replies_on`, an event loop that is running
-        (or about to run) on another thread. There a reply to a request awaited on that loop completes it
-        directly; a blocking `request` must then come from another thread, and `close` frees the stream."""
+        """Starts reading replies: on a thread of its own, or on `replies_on`, an event loop running on another
+        thread. There a reply to a request awaited on that loop completes it directly, and a blocking `request`
+        must come from another thread."""
         self._streams = streams
         self.key = os.urandom(KEY_BYTES)
         """Authenticates replies; the backend sends it to the supervisor (`send_raw`) at start-up."""
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[dict[str, Any]] | asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, Waiter] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._closed: SandboxError | None = None
         """Why the channel died; each request after that raises a copy (one traceback each)."""
         self._replies = _ReplyParser(self.key, self._dispatch)
         self._loop = replies_on
+        self._watched: int | None = None
+        """The channel's copy of the stream's descriptor while `replies_on` may watch it; None once let go."""
         if replies_on is None:
             threading.Thread(target=self._read_on_thread, name="supervisor-reader", daemon=True).start()
         else:
-            replies_on.call_soon_threadsafe(replies_on.add_reader, streams.fileno, self._read_on_loop)
+            self._watched = os.dup(streams.stdout_fd)
+            replies_on.call_soon_threadsafe(self._watch)
 
     @property
     def is_open(self) -> bool:
@@ -105,7 +113,7 @@ class SupervisorChannel:
         A failure reply is raised as the `OSError` subclass of its errno, as `ArchiveTooLarge` or
         `FileTooLarge` or `SealingUnavailable` when it names one of them, else as `SandboxError`.
         """
-        if self._loop is not None and _running_loop() is self._loop:
+        if self._loop is not None and runs_here(self._loop):
             raise RuntimeError(f"a blocking {op!r} on the event loop that reads its reply would wait forever; await it or run it on a thread")
         future: Future[dict[str, Any]] = Future()
         request_id = self._send(op, payload, params, future)
@@ -122,7 +130,7 @@ class SupervisorChannel:
         that reads replies, the reply completes this request where it waits; on another, the reader hands it over
         (`asyncio.wrap_future`). Without a payload: writing one could hold the loop until the supervisor had read it."""
         loop = asyncio.get_running_loop()
-        future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]] = loop.create_future() if loop is self._loop else Future()
+        future: Waiter = loop.create_future() if loop is self._loop else Future()
         request_id = self._send(op, b"", params, future)
         try:
             reply = await asyncio.wait_for(future if isinstance(future, asyncio.Future) else asyncio.wrap_future(future), reply_timeout_s)
@@ -133,13 +141,12 @@ class SupervisorChannel:
         return _succeeded(op, reply)
 
     def close(self) -> None:
-        """Stop reading replies, and fail every request still waiting for one. The backend may close the
-        streams afterwards (an event loop no longer watches them). Idempotent."""
+        """Stop reading replies, and fail every request still waiting for one. Idempotent."""
         if self._loop is not None:
-            _stop_watching(self._loop, self._streams.fileno)
+            _call_on(self._loop, self._unwatch)
         self._fail(FailureReport("sandbox was closed"), reason="supervisor channel closed")
 
-    def _send(self, op: str, payload: bytes, params: dict[str, Any], future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]]) -> int:
+    def _send(self, op: str, payload: bytes, params: dict[str, Any], future: Waiter) -> int:
         """Write one request whose reply (or the channel's failure) completes `future`; returns its id."""
         with self._lock:
             if self._closed is not None:
@@ -162,18 +169,36 @@ class SupervisorChannel:
             self._pending.pop(request_id, None)
 
     def _read_on_thread(self) -> None:
+        """The reader thread: replies dispatched until the stream ends or breaks, then the channel failed."""
         try:
             while (data := self._streams.read()) is not None:
                 self._replies.feed(data)
             reason = "supervisor channel closed"
         except (OSError, ValueError) as exc:
             reason = f"supervisor channel broke: {exc}"
-        if self.is_open:  # not closed by the host meanwhile
-            self._fail(self._streams.describe_failure(), reason)
+        self._fail_described(reason)
+
+    def _watch(self) -> None:
+        """On the loop's thread: start watching the stream, unless the channel let it go first."""
+        assert self._loop is not None
+        with self._lock:
+            if self._watched is not None:
+                self._loop.add_reader(self._watched, self._read_on_loop)
+
+    def _unwatch(self) -> None:
+        """On the loop's thread (or with the loop stopped): stop watching the stream and close the copy of its
+        descriptor, in that order (a descriptor closed while a loop polls it is undefined behaviour for libuv)."""
+        assert self._loop is not None
+        with self._lock:
+            watched, self._watched = self._watched, None
+        if watched is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(watched)
+            os.close(watched)
 
     def _read_on_loop(self) -> None:
-        """The stream polled readable: one read, its replies dispatched. At its end the loop stops watching it,
-        and the failure is described on a thread (a backend may ask its engine, which blocks)."""
+        """The stream polled readable: one read, its replies dispatched. At its end the loop lets the stream go,
+        and the failure is described on a thread of its own (a backend may ask its engine, which blocks)."""
         try:
             if (data := self._streams.read()) is not None:
                 self._replies.feed(data)
@@ -181,23 +206,31 @@ class SupervisorChannel:
             reason = "supervisor channel closed"
         except (OSError, ValueError) as exc:
             reason = f"supervisor channel broke: {exc}"
-        assert self._loop is not None
-        self._loop.remove_reader(self._streams.fileno)
-        self._loop.run_in_executor(None, lambda: self._fail(self._streams.describe_failure(), reason))
+        self._unwatch()
+        threading.Thread(target=self._fail_described, args=(reason,), name="supervisor-failure", daemon=True).start()
+
+    def _fail_described(self, reason: str) -> None:
+        """Fail the channel, whose stream ended or broke, with the backend's account of why (unless the host
+        closed it meanwhile: then that is why)."""
+        if not self.is_open:
+            return
+        try:
+            report = self._streams.describe_failure()
+        except Exception as exc:  # e.g. the engine itself is gone: the waiters must still be failed
+            report = FailureReport(f"cannot tell why: {exc}")
+        self._fail(report, reason)
 
     def _dispatch(self, reply: dict[str, Any] | None, request_id: object, failure: str | None) -> None:
         """Complete the request `request_id` names with `reply`, or fail it with `failure`; a reply that
         belongs to no waiting request (forged, late or garbage) fails nothing."""
         with self._lock:
             future = self._pending.get(request_id) if isinstance(request_id, int) else None
-        if future is None or future.done():
+        if future is None:
             return
-        if failure is None and not isinstance(reply.get("ok"), bool):
-            failure = f"malformed reply to request {request_id}: no boolean 'ok'"
-        if failure is None:
-            future.set_result(reply)
+        if failure is None and reply is not None and isinstance(reply.get("ok"), bool):
+            _settle(future, reply)
         else:
-            future.set_exception(SandboxError(failure))
+            _settle(future, error=SandboxError(failure or f"malformed reply to request {request_id}: no boolean 'ok'"))
 
     def _fail(self, report: FailureReport, reason: str) -> None:
         with self._lock:
@@ -206,60 +239,59 @@ class SupervisorChannel:
             self._closed = SandboxError(f"{reason}{': ' + report.detail if report.detail else ''}", oom_killed=report.oom_killed)
             pending = list(self._pending.values())
         for future in pending:
-            _fail_future(future, self._closed_error())
+            _settle_from_any_thread(future, self._closed_error())
 
     def _closed_error(self) -> SandboxError:
         assert self._closed is not None
         return SandboxError(str(self._closed), oom_killed=self._closed.oom_killed)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
+def runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` is the event loop running on this thread."""
     try:
-        return asyncio.get_running_loop()
+        return asyncio.get_running_loop() is loop
     except RuntimeError:
-        return None
+        return False
 
 
-def _stop_watching(loop: asyncio.AbstractEventLoop, fileno: int) -> None:
-    """Make `loop` stop watching `fileno`, and return once it has: a descriptor closed while a loop still
-    watches it is undefined behaviour for the loop (libuv's, uvloop's)."""
-    if loop.is_closed():
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    """`fn()` on `loop`'s thread: now when that is this thread or the loop is not running, else at its next turn."""
+    if runs_here(loop) or not loop.is_running():
+        fn()
         return
-    if _running_loop() is loop or not loop.is_running():
-        loop.remove_reader(fileno)
-        return
-    stopped = threading.Event()
-
-    def stop() -> None:
-        loop.remove_reader(fileno)
-        stopped.set()
-
     try:
-        loop.call_soon_threadsafe(stop)
-    except RuntimeError:
-        return  # closed meanwhile
-    stopped.wait(DETACH_TIMEOUT_S)
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop closed meanwhile
+        fn()
 
 
-def _fail_future(future: Future[dict[str, Any]] | asyncio.Future[dict[str, Any]], error: SandboxError) -> None:
+def _settle(future: Waiter, reply: dict[str, Any] | None = None, error: SandboxError | None = None) -> None:
+    """Complete a waiting request, on a thread where that is safe for its future; a request completed meanwhile
+    (by `close` on another thread) is left as it is."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(reply)
+    except (InvalidStateError, asyncio.InvalidStateError):
+        pass
+
+
+def _settle_from_any_thread(future: Waiter, error: SandboxError) -> None:
     """Fail a waiting request from any thread: an asyncio future only on its own loop's thread."""
     if isinstance(future, Future):
-        if not future.done():
-            future.set_exception(error)
+        _settle(future, error=error)
         return
-
-    def fail() -> None:
-        if not future.done():
-            future.set_exception(error)
-
     loop = future.get_loop()
-    if _running_loop() is loop:
-        fail()
-    else:
-        try:
-            loop.call_soon_threadsafe(fail)
-        except RuntimeError:
-            pass  # its loop is closed: nothing awaits it any more
+    if runs_here(loop):
+        _settle(future, error=error)
+        return
+    try:
+        loop.call_soon_threadsafe(_settle, future, None, error)
+    except RuntimeError:
+        pass  # its loop is closed: nothing awaits it any more
 
 
 def _no_reply(op: str, reply_timeout_s: float) -> SandboxError:

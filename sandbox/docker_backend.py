@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import select
 import socket
 import struct
 import time
@@ -155,6 +156,7 @@ class DockerDeployment(Deployment):
             # Attach before start so not a byte of the supervisor's output is missed.
             attached = self._api.attach_socket(self._container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             self._socket = socket.socket(fileno=os.dup(attached.fileno()))
+            self._socket.setblocking(True)  # `read` below waits in recv (docker-py polled before each read)
             attached.close()
             self._api.start(self._container_id)
         except docker.errors.DockerException as exc:
@@ -162,10 +164,13 @@ class DockerDeployment(Deployment):
         sock, attached_stream = self._socket, _AttachedStream(self._stderr_tail)
 
         def read() -> bytes | None:
-            data = sock.recv(READ_BYTES)
+            try:
+                data = sock.recv(READ_BYTES)
+            except BlockingIOError:  # polled readable, yet nothing there: the descriptor may be non-blocking
+                return b""
             return attached_stream.stdout_in(data) if data else None
 
-        return SupervisorStreams(read, sock.sendall, sock.fileno(), self._describe_failure)
+        return SupervisorStreams(read, functools.partial(_send_all, sock), sock.fileno(), self._describe_failure)
 
     def _describe_failure(self) -> FailureReport:
         if self._container_id is None:
@@ -195,6 +200,20 @@ class DockerDeployment(Deployment):
         if container_id is not None:
             _remove(self._api, container_id)
         self._remove_inbox()
+
+
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    """`sock.sendall`, also once the socket's descriptor is non-blocking: libuv makes a descriptor it polls
+    non-blocking, and with it the socket's file description, so uvloop reading the replies (decision 138) turns
+    the writes to the same socket non-blocking. A payload then waits until the supervisor has read enough."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            writable = select.poll()
+            writable.register(sock, select.POLLOUT)
+            writable.poll()
 
 
 class _AttachedStream:

@@ -177,14 +177,17 @@ class LocalDeployment(Deployment):
         self._process = _spawner.submit(
             subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env={"PATH": SANDBOX_PATH}
         ).result()
-        stdout = self._process.stdout.fileno()
+        # Read unbuffered: bytes buffered above the descriptor would wait unseen by a loop that polls it. And
+        # read through the file, not its number: once `stop` closed it, a read fails instead of reading
+        # whatever file reuses the number.
+        stdout = self._process.stdout.raw
 
         def read() -> bytes | None:
-            # The descriptor itself, not the buffered file over it: bytes buffered there would wait unseen by a
-            # loop that polls the descriptor.
-            return os.read(stdout, READ_BYTES) or None
+            data = stdout.read(READ_BYTES)
+            # None: nothing there though polled readable (libuv makes a descriptor it polls non-blocking).
+            return b"" if data is None else data or None
 
-        return SupervisorStreams(read, self._write, stdout, self._describe_failure)
+        return SupervisorStreams(read, self._write, stdout.fileno(), self._describe_failure)
 
     def _write(self, data: bytes) -> None:
         self._process.stdin.write(data)

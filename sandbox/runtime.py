@@ -17,7 +17,7 @@ from typing import Any, Self
 import pydantic
 
 from sandbox.base import ExecResult, SandboxError
-from sandbox.channel import SupervisorChannel
+from sandbox.channel import SupervisorChannel, runs_here
 from sandbox.deployment import INBOX_MOUNT, Deployment
 from sandbox.supervisor import SOURCE
 
@@ -52,6 +52,8 @@ class Sandbox:
         self.replies_on = replies_on
         """The event loop that reads replies; None: a thread of this sandbox's."""
         self._channel: SupervisorChannel | None = None
+        if replies_on is not None and runs_here(replies_on):
+            raise RuntimeError("a sandbox whose replies this event loop reads cannot start on it: its start waits for a reply")
         try:
             self._channel = SupervisorChannel(deployment.start(), replies_on)
             self._hand_over_supervisor(deployment.start_timeout_s)

@@ -737,7 +737,15 @@ class FileWorker(ForkedWorker):
             try:
                 self.send(send)
                 deadline = time.monotonic() + FILE_OP_DEADLINE_S
-                fields = recv_frame(self.sock, deadline)
+                try:
+                    fields = recv_frame(self.sock, deadline)
+                except ConnectionResetError:
+                    # The worker died with the request unread (a socket closed over unread data resets its
+                    # peer; one that read it all ends it). A kill can land after `alive()`: SIGKILL takes
+                    # effect when the worker next runs. Nothing ran, so it runs on a new worker.
+                    self.stop()
+                    self.send(send)
+                    fields = recv_frame(self.sock, deadline)
                 result = None if fields is None else recv_frame(self.sock, deadline)
             except BaseException:
                 self.stop()

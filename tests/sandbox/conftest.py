@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from sandbox import Sandbox, open_sandbox
-from tests.sandbox.support import BACKENDS, SPEC
+from tests.sandbox.support import BACKENDS, LOOP_KINDS, SPEC, loop_on_a_thread
 
 
 @pytest.fixture(params=BACKENDS)
@@ -21,13 +20,7 @@ def sandbox(backend: str) -> Iterator[Sandbox]:
         yield sb
 
 
-@pytest.fixture
-def running_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """An event loop running on a thread of its own, as the service's runs beside its worker threads."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="test-event-loop", daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join()
-    loop.close()
+@pytest.fixture(params=LOOP_KINDS)
+def running_loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
+    with loop_on_a_thread(request.param) as loop:
+        yield loop

@@ -1,15 +1,20 @@
-"""Shared pieces of the sandbox tests: backends, the small test spec, a killed caller."""
+"""Shared pieces of the sandbox tests: backends, the small test spec, a killed caller, an event loop on a thread."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from sandbox import DockerSpec, LocalSpec, SandboxSpec
 from sandbox.spec import DEFAULT_IMAGE
@@ -70,3 +75,21 @@ def kill_caller_mid_command(backend: str, handle: str) -> str:
         proc.wait()
     assert reported, "the caller did not start its sandbox"
     return reported
+
+
+LOOP_KINDS = ["asyncio", "uvloop"]
+
+
+@contextlib.contextmanager
+def loop_on_a_thread(kind: str) -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop (the standard library's, or uvloop, the service's) running on a thread of its own, as the
+    service's runs beside its worker threads."""
+    loop = uvloop.new_event_loop() if kind == "uvloop" else asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-event-loop", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()

@@ -5,7 +5,9 @@ thread and on an event loop (decision 138)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import queue
 import socket
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +19,7 @@ import pytest
 from sandbox import ArchiveTooLarge, SandboxError
 from sandbox.base import FailureReport
 from sandbox.channel import SupervisorChannel, SupervisorStreams, reply_mac
+from tests.sandbox.support import LOOP_KINDS, loop_on_a_thread
 
 REPLY_TIMEOUT_S = 30.0  # only reached if the channel lost a reply: the tests never wait for it
 READ_BYTES = 5
@@ -85,11 +88,14 @@ class FakeSupervisor:
         self.supervisor_end.close()
 
 
-@pytest.fixture(params=["thread", "loop"])
+@pytest.fixture(params=["thread", *LOOP_KINDS])
 def fake(request: pytest.FixtureRequest) -> Iterator[FakeSupervisor]:
-    supervisor = FakeSupervisor(request.getfixturevalue("running_loop") if request.param == "loop" else None)
-    yield supervisor
-    supervisor.close()
+    """A fake supervisor whose replies a thread of the channel's reads, or an event loop of each kind."""
+    with contextlib.ExitStack() as stack:
+        loop = None if request.param == "thread" else stack.enter_context(loop_on_a_thread(request.param))
+        supervisor = FakeSupervisor(loop)
+        yield supervisor
+        supervisor.close()
 
 
 def test_a_signed_reply_is_delivered(fake: FakeSupervisor) -> None:
@@ -256,17 +262,36 @@ def test_closing_fails_what_waits_and_every_request_after(fake: FakeSupervisor) 
         fake.channel.request("ping", REPLY_TIMEOUT_S)
 
 
-def test_a_closed_channel_leaves_the_stream_unwatched(running_loop: asyncio.AbstractEventLoop) -> None:
+def test_a_closed_channel_leaves_no_descriptor_open(running_loop: asyncio.AbstractEventLoop) -> None:
+    # The loop watches a copy of the stream's descriptor, closed only once the loop has let it go.
+    open_before = _open_descriptors()
     fake = FakeSupervisor(running_loop)
-    fake.channel.close()
-    # remove_reader answers whether the loop still watched the descriptor: the backend may now close it.
-    watched = asyncio.run_coroutine_threadsafe(_remove_reader(fake.host_end.fileno()), running_loop).result(REPLY_TIMEOUT_S)
-    assert watched is False
+    request_id, future = fake.call()
+    fake.send({"id": request_id, "ok": True, "protocol": 3})
+    assert future.result(REPLY_TIMEOUT_S)["protocol"] == 3
     fake.close()
+    fake.run(_next_turn)  # the loop's turn after the close: it has let the stream go by then
+    assert _open_descriptors() == open_before
 
 
-async def _remove_reader(fileno: int) -> bool:
-    return asyncio.get_running_loop().remove_reader(fileno)
+def test_a_channel_closed_before_its_loop_watched_the_stream_never_watches_it(running_loop: asyncio.AbstractEventLoop) -> None:
+    open_before = _open_descriptors()
+
+    async def open_and_close_on_the_loop() -> None:
+        fake = FakeSupervisor(running_loop)  # its watch is queued behind this coroutine
+        fake.close()
+
+    asyncio.run_coroutine_threadsafe(open_and_close_on_the_loop(), running_loop).result(REPLY_TIMEOUT_S)
+    asyncio.run_coroutine_threadsafe(_next_turn(), running_loop).result(REPLY_TIMEOUT_S)
+    assert _open_descriptors() == open_before
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def _next_turn() -> None:
+    pass
 
 
 def test_a_blocking_request_on_the_loop_that_reads_its_reply_is_refused(running_loop: asyncio.AbstractEventLoop) -> None:

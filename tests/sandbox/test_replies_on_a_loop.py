@@ -49,35 +49,45 @@ def test_awaited_commands_and_blocking_calls_are_served_side_by_side(backend: st
         assert _on(running_loop, commands_beside_a_transfer) == [f"{i}\n" for i in range(8)]
         assert sandbox.read_file("blob") == data
         assert sandbox.exec("sha256sum blob").stdout.split()[0] == hashlib.sha256(data).hexdigest()
-        assert sandbox.open_fresh().replies_on is running_loop
+        with sandbox.open_fresh() as fresh:
+            assert fresh.replies_on is running_loop
+            assert fresh.exec("echo fresh").stdout == "fresh\n"
 
 
 def test_a_supervisor_that_dies_fails_the_awaited_command_and_the_loop_lets_its_stream_go(
     backend: str, running_loop: asyncio.AbstractEventLoop
 ) -> None:
     sandbox = open_sandbox(SPEC, backend=backend, replies_on=running_loop)
-    fileno = sandbox._channel._streams.fileno
+    channel = sandbox._channel
 
-    async def command_under_a_kill() -> bool:
+    async def command_under_a_kill() -> None:
         command = asyncio.create_task(sandbox.exec_async("sleep 60"))
         await asyncio.sleep(0)  # the task runs up to its wait: the request is out
         await asyncio.to_thread(_kill_supervisor, sandbox)
         with pytest.raises(SandboxError, match="closed"):
             await command
-        return asyncio.get_running_loop().remove_reader(fileno)
 
     try:
-        assert _on(running_loop, command_under_a_kill) is False  # no longer watched
+        _on(running_loop, command_under_a_kill)
+        assert channel._watched is None  # the loop let the stream go at its end
         assert not sandbox.is_alive()
     finally:
         sandbox.close()
+
+
+def test_a_sandbox_cannot_start_on_the_loop_that_would_read_its_replies(running_loop: asyncio.AbstractEventLoop) -> None:
+    async def start_on_the_loop() -> Sandbox:
+        return open_sandbox(SPEC, replies_on=running_loop)
+
+    with pytest.raises(RuntimeError, match="cannot start on it"):
+        _on(running_loop, start_on_the_loop)
 
 
 def test_a_blocking_call_on_the_reading_loop_is_refused_and_closing_lets_the_stream_go(
     backend: str, running_loop: asyncio.AbstractEventLoop
 ) -> None:
     sandbox = open_sandbox(SPEC, backend=backend, replies_on=running_loop)
-    fileno = sandbox._channel._streams.fileno
+    channel = sandbox._channel
 
     async def blocking_exec() -> None:
         sandbox.exec("true")
@@ -86,8 +96,9 @@ def test_a_blocking_call_on_the_reading_loop_is_refused_and_closing_lets_the_str
         _on(running_loop, blocking_exec)
     assert sandbox.exec("echo served").stdout == "served\n"  # from this thread it is served
     sandbox.close()
+    _on(running_loop, _next_turn)  # the loop's turn after the close: it has let the stream go by then
+    assert channel._watched is None
 
-    async def watched() -> bool:
-        return asyncio.get_running_loop().remove_reader(fileno)
 
-    assert _on(running_loop, watched) is False
+async def _next_turn() -> None:
+    pass
