@@ -33,7 +33,7 @@ from env_server.openenv_models import AnyAction, CodingObservation, CodingResetO
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
-from env_server.tools import TOOLS, Workspace
+from env_server.tools import TOOLS, CallOutcome, Workspace
 from env_server.trajectories import EpisodeLog
 from sandbox import Sandbox
 
@@ -140,10 +140,15 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         )
         episode.record_step(action.model_dump(exclude={"metadata"}), result, outcome, started_at=started_at)
         if outcome.done:
-            # The graded sandbox is of no further use; free it now rather than at the next reset.
-            self._retire(episode.sandbox)
-            await asyncio.to_thread(episode.finish, outcome)  # writes the episode's record
+            await asyncio.to_thread(self._end, episode, outcome)
         return observation
+
+    def _end(self, episode: Episode, outcome: CallOutcome) -> None:
+        """End `episode` with the step that ended it: its graded sandbox, of no further use, freed now rather than
+        at the next reset; its record written. On a worker thread: both may block (writing the record; retiring,
+        which closes the sandbox there and then once the pool has closed, at shutdown)."""
+        self._retire(episode.sandbox)
+        episode.finish(outcome)
 
     @property
     def state(self) -> CodingState:
