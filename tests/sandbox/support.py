@@ -10,7 +10,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,15 @@ def loop_on_a_thread(kind: str) -> Iterator[asyncio.AbstractEventLoop]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+T = TypeVar("T")
+
+
+def run_on(loop: asyncio.AbstractEventLoop, scenario: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """`scenario()` run on `loop` (running on another thread), its result or its exception here."""
+    return asyncio.run_coroutine_threadsafe(scenario(), loop).result(timeout_s)
+
+
+async def next_turn() -> None:
+    """Nothing: run on a loop (`run_on`), it returns once the loop has run every callback queued before it."""

@@ -19,7 +19,7 @@ import pytest
 from sandbox import ArchiveTooLarge, SandboxError
 from sandbox.base import FailureReport
 from sandbox.channel import SupervisorChannel, SupervisorStreams, reply_mac
-from tests.sandbox.support import LOOP_KINDS, loop_on_a_thread
+from tests.sandbox.support import LOOP_KINDS, loop_on_a_thread, next_turn, run_on
 
 REPLY_TIMEOUT_S = 30.0  # only reached if the channel lost a reply: the tests never wait for it
 READ_BYTES = 5
@@ -79,7 +79,7 @@ class FakeSupervisor:
         """Run `scenario` on the loop that reads the replies, or on a loop of its own when a thread reads them."""
         if self.loop is None:
             return asyncio.run(scenario())
-        return asyncio.run_coroutine_threadsafe(scenario(), self.loop).result(REPLY_TIMEOUT_S)
+        return run_on(self.loop, scenario, REPLY_TIMEOUT_S)
 
     def close(self) -> None:
         self.channel.close()
@@ -270,7 +270,7 @@ def test_a_closed_channel_leaves_no_descriptor_open(running_loop: asyncio.Abstra
     fake.send({"id": request_id, "ok": True, "protocol": 3})
     assert future.result(REPLY_TIMEOUT_S)["protocol"] == 3
     fake.close()
-    fake.run(_next_turn)  # the loop's turn after the close: it has let the stream go by then
+    fake.run(next_turn)  # the loop's turn after the close: it has let the stream go by then
     assert _open_descriptors() == open_before
 
 
@@ -281,17 +281,13 @@ def test_a_channel_closed_before_its_loop_watched_the_stream_never_watches_it(ru
         fake = FakeSupervisor(running_loop)  # its watch is queued behind this coroutine
         fake.close()
 
-    asyncio.run_coroutine_threadsafe(open_and_close_on_the_loop(), running_loop).result(REPLY_TIMEOUT_S)
-    asyncio.run_coroutine_threadsafe(_next_turn(), running_loop).result(REPLY_TIMEOUT_S)
+    run_on(running_loop, open_and_close_on_the_loop, REPLY_TIMEOUT_S)
+    run_on(running_loop, next_turn, REPLY_TIMEOUT_S)
     assert _open_descriptors() == open_before
 
 
 def _open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-async def _next_turn() -> None:
-    pass
 
 
 def test_a_blocking_request_on_the_loop_that_reads_its_reply_is_refused(running_loop: asyncio.AbstractEventLoop) -> None:
