@@ -10,7 +10,8 @@ and closed before `grade` returns; and as the service grades, from that pool and
 `WarmPool.retire`, which closes it in the background (decision 013). Baseline in the same run:
 opening and closing one cold sandbox, the floor of cold grading. Generation:
 `generate_project(FeatureDeletion(), ...)` into a scratch cache; tasks per minute and the share of
-tried candidates that became tasks. Every reference solution must earn 1.0, cold and warm (else the grader timed a failure) and every generation must give a task.
+tried candidates that became tasks. Every reference solution must earn 1.0, cold and warm (else the
+grader timed a failure) and every generation must give a task.
 `--tiny` (CI's run, offline): one builtin task, and one task generated from a small local sdist
 (`tests/support/sdists.py`).
 """
