@@ -36,7 +36,10 @@ RECIPE_LABEL = "coding-env.recipe"
 """Label on a built image: a digest of what it was built from (the Dockerfile and the removed binaries),
 so that an image left by an older checkout is rebuilt, not used."""
 
-DEBOOTSTRAP_PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates")
+DEBOOTSTRAP_PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates", "bash-static")
+PACKAGES_LABEL = "coding-env.packages"
+"""Label on the imported rootfs: the packages it was debootstrapped with, so that a rootfs from an older
+list (one without bash-static, say) is made anew, not built on."""
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -112,19 +115,33 @@ def _build(client: docker.DockerClient, base: str, tag: str, removed_binaries: t
 
 
 def offline_base(client: docker.DockerClient | None = None) -> str:
-    """The imported rootfs image, importing (and if need be debootstrapping) it first."""
+    """The imported rootfs image, importing (and if need be debootstrapping) it first; a rootfs, imported or
+    kept, that lacks one of DEBOOTSTRAP_PACKAGES is made anew."""
     client = client or default_client()
-    if image_exists(OFFLINE_BASE, client):
-        return OFFLINE_BASE
-    if not (ROOTFS_DIR / "usr" / "bin" / "python3").exists():
+    packages = " ".join(DEBOOTSTRAP_PACKAGES)
+    try:
+        if (client.images.get(OFFLINE_BASE).labels or {}).get(PACKAGES_LABEL) == packages:
+            return OFFLINE_BASE
+    except docker.errors.ImageNotFound:
+        pass
+    if not all(_installed(ROOTFS_DIR, package) for package in DEBOOTSTRAP_PACKAGES):
+        shutil.rmtree(ROOTFS_DIR, ignore_errors=True)
         _debootstrap(ROOTFS_DIR)
     log.info("importing %s as %s", ROOTFS_DIR, OFFLINE_BASE)
     repository, _, tag_name = OFFLINE_BASE.partition(":")
     with subprocess.Popen(["tar", "-C", str(ROOTFS_DIR), "-c", "."], stdout=subprocess.PIPE) as tar:
-        client.api.import_image(src=tar.stdout, repository=repository, tag=tag_name, stream_src=True)
+        client.api.import_image(
+            src=tar.stdout, repository=repository, tag=tag_name, stream_src=True, changes=[f'LABEL {PACKAGES_LABEL}="{packages}"']
+        )
     if tar.returncode != 0:
         raise RuntimeError(f"tar of {ROOTFS_DIR} failed with exit code {tar.returncode}")
     return OFFLINE_BASE
+
+
+def _installed(root: Path, package: str) -> bool:
+    """Whether dpkg in the rootfs at `root` lists `package` as installed (a multi-arch one under `package:ARCH`)."""
+    info = root / "var" / "lib" / "dpkg" / "info"
+    return (info / f"{package}.list").exists() or any(info.glob(f"{package}:*.list"))
 
 
 def _debootstrap(target: Path) -> None:

@@ -76,6 +76,15 @@ def test_the_images_python_loads_compiled_modules_and_a_command_writes_none(dock
     assert recompiled.exit_code != 0 and "Read-only file system" in recompiled.stdout + recompiled.stderr
 
 
+def test_commands_run_in_the_images_static_bash_as_bash(docker_sandbox: Sandbox) -> None:
+    # Decision 139: the image's bash-static starts without loading libraries; named `bash`, it reads as
+    # /usr/bin/bash to the command, its messages and its user lookups alike.
+    dynamic_bash_version = docker_sandbox.exec("/usr/bin/bash -c 'echo $BASH_VERSION'").stdout
+    result = docker_sandbox.exec('readlink /proc/$$/exe; echo "$0 $BASH $BASH_VERSION"; echo ~root; nosuch')
+    assert result.stdout == f"/usr/bin/bash-static\nbash /usr/bin/bash {dynamic_bash_version}/root\n"
+    assert result.stderr == "bash: line 1: nosuch: command not found\n" and result.exit_code == 127
+
+
 def test_close_removes_the_container() -> None:
     sb = open_sandbox(SPEC)
     container_id = sb.deployment.container_id
