@@ -19,7 +19,7 @@ import pydantic
 from sandbox.base import ExecResult, SandboxError
 from sandbox.channel import SupervisorChannel, runs_here
 from sandbox.deployment import INBOX_MOUNT, Deployment
-from sandbox.supervisor import SOURCE
+from sandbox.supervisor import CODE, SOURCE
 
 PROTOCOL_VERSION = 3
 """Version of the JSON-lines protocol this host speaks (the supervisor reports its own)."""
@@ -62,9 +62,9 @@ class Sandbox:
             raise
 
     def _hand_over_supervisor(self, timeout_s: float) -> None:
-        """Send the supervisor's source and the channel key and wait until it answers. The key goes
+        """Send the supervisor's source, its code and the channel key and wait until it answers. The key goes
         before any command can run and never into argv or env."""
-        self._channel.send_raw(SOURCE + self._channel.key.hex().encode() + b"\n")
+        self._channel.send_raw(SOURCE + CODE + self._channel.key.hex().encode() + b"\n")
         protocol = self._field("ping", timeout_s, "protocol")
         if protocol != PROTOCOL_VERSION:
             raise SandboxError(f"supervisor speaks protocol {protocol}, host speaks {PROTOCOL_VERSION}")

@@ -1,7 +1,8 @@
 """In-sandbox supervisor: runs commands and moves files for the host, over JSON lines.
 
 Standard library only: it runs on whatever `python3` the sandbox has. The host sends this
-file's source over stdin at start-up (see `sandbox.supervisor.bootstrap_argv`), then one JSON
+file's source, and its own compilation of it, over stdin at start-up (see
+`sandbox.supervisor.bootstrap_argv`), then one JSON
 request per line; every request carries an `id` and every reply echoes it, so requests may be
 served concurrently (a thread each) and a slow command never blocks a `ping`.
 
