@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from env_server.http_errors import add_error_handlers
 from env_server.metrics import ServiceMetrics
@@ -22,6 +23,9 @@ from env_server.routes import episodes, http, mcp, sessions, ws
 from env_server.service import open_service
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
+
+
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
 def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry | None = None) -> FastAPI:
@@ -41,6 +45,9 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         version="0.1.0",
         description="OpenEnv-compatible agentic coding environment. Protocol: docs/api.md.",
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry hooks look up three global providers on every request to see whether any
+        # is configured; the service reports through /metrics (Prometheus) and configures none.
+        telemetry=NO_TELEMETRY,
     )
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
