@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,17 +36,8 @@ def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
     }
 
 
-def without_openenv_web_interface() -> None:
-    """Mark gradio absent in this process, before OpenEnv is imported. OpenEnv imports its gradio web
-    interface whenever gradio is installed (openenv depends on it) and skips it when the import fails;
-    this service never mounts that interface, and importing gradio took 2 of the 3.6 s from
-    `coding-env serve` to ready. Called by the service's process and the tests' processes only."""
-    sys.modules.setdefault("gradio", None)  # type: ignore[arg-type]
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run the service with uvicorn until SIGINT/SIGTERM (which close every session first)."""
-    without_openenv_web_interface()
     import uvicorn
     from uvicorn.config import STARTUP_FAILURE
 

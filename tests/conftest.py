@@ -8,10 +8,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from env_server.cli import without_openenv_web_interface
-
-without_openenv_web_interface()  # as `coding-env serve` does: 2 s of each test process's collection
-
 if TYPE_CHECKING:
     from tests.support.service import SharedServices
 
