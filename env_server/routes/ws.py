@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pydantic_core
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest
 from openenv.core.env_server.types import WSErrorCode
@@ -33,12 +32,7 @@ OPENENV_WS_CODES: dict[ApiErrorCode, WSErrorCode] = {
 
 def _ws_error(exc: ServiceError) -> str:
     code = OPENENV_WS_CODES.get(exc.code, WSErrorCode.EXECUTION_ERROR)
-    return _frame("error", {"message": exc.message, "code": code.value, "error": exc.body().model_dump(mode="json")})
-
-
-def _frame(kind: str, data: object) -> str:
-    """One reply frame. Encoded by pydantic-core, about three times as fast as `json.dumps` for a step's reply."""
-    return pydantic_core.to_json({"type": kind, "data": data}).decode()
+    return json.dumps({"type": "error", "data": {"message": exc.message, "code": code.value, "error": exc.body().model_dump(mode="json")}})
 
 
 async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
@@ -53,12 +47,12 @@ async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
     if not isinstance(data, dict):
         raise ServiceError(ApiErrorCode.INVALID_REQUEST, "'data' must be an object")
     if kind == "reset":
-        return _frame("observation", await service.reset(session, parse_reset(data)))
+        return json.dumps({"type": "observation", "data": await service.reset(session, parse_reset(data))})
     if kind == "step":
-        return _frame("observation", await service.step(session, data, "ws"))
+        return json.dumps({"type": "observation", "data": await service.step(session, data, "ws")})
     if kind == "state":
         state = await service.sessions.run(session, lambda: session.env.state)
-        return _frame("state", state.model_dump(mode="json"))
+        return json.dumps({"type": "state", "data": state.model_dump(mode="json")})
     if kind == "mcp":
         try:
             rpc = JsonRpcRequest.model_validate(data)
@@ -66,9 +60,9 @@ async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
             response = rpc_error(JsonRpcErrorCode.INVALID_REQUEST, "invalid JSON-RPC request")
         else:
             response = await handle_rpc(service, rpc, bound=session)
-        return _frame("mcp", response.model_dump())
+        return json.dumps({"type": "mcp", "data": response.model_dump()})
     if kind == "fork":
-        return _frame("fork", (await service.fork(session, parse_fork(data))).model_dump())
+        return json.dumps({"type": "fork", "data": (await service.fork(session, parse_fork(data))).model_dump()})
     if kind == "close":
         return None
     raise ServiceError(ApiErrorCode.INVALID_REQUEST, f"unknown message type {kind!r}; expected reset, step, state, mcp, fork or close")
