@@ -28,5 +28,4 @@ class _NoGradioForOpenEnvWebInterface(MetaPathFinder):
         return None
 
 
-if not any(isinstance(finder, _NoGradioForOpenEnvWebInterface) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _NoGradioForOpenEnvWebInterface())
+sys.meta_path.insert(0, _NoGradioForOpenEnvWebInterface())

@@ -22,4 +22,3 @@ def test_the_service_modules_import_openenv_without_gradio_and_gradio_stays_impo
         "assert importlib.util.find_spec('gradio') is not None, 'the process itself cannot find gradio'\n"
     )
     assert done.returncode == 0, done.stderr
-
