@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,6 +41,12 @@ class ServiceMetrics:
         self.rewards = Histogram(
             "coding_env_reward", "Rewards of graded episodes.", buckets=(0.0, 0.25, 0.5, 0.75, 0.999, 1.0), registry=self.registry
         )
+        # Each step's labelled series, looked up once per label value: `labels()` takes a lock and checks its
+        # values on every call, a few microseconds of every step (docs/benchmarks.md). The label values are
+        # bounded sets (transports, tool names, error kinds), so the caches are too.
+        self.step_latency_of = cache(self.step_latency.labels)
+        self.steps_of = cache(self.steps.labels)
+        self.error_kinds_of = cache(self.error_kinds.labels)
 
     def track_pool(self, ready: Callable[[], float]) -> None:
         self.pool_size.set_function(ready)

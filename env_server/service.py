@@ -79,7 +79,7 @@ class Service:
         started = time.perf_counter()
         with self._counting_sandbox_failures():
             observation, auto = await self.sessions.run(session, _step_or_start, session.env, parsed, default_task)
-        self.metrics.step_latency.labels(transport).observe(time.perf_counter() - started)
+        self.metrics.step_latency_of(transport).observe(time.perf_counter() - started)
         if isinstance(observation, CodingObservation):
             self.observe_step(observation)
         if auto is not None:
@@ -98,9 +98,9 @@ class Service:
     def observe_step(self, observation: CodingObservation) -> None:
         for call in observation.calls:  # one count per call, as one-call steps always counted
             if call.ran:
-                self.metrics.steps.labels(call.tool_name if call.tool_name in TOOLS else "unknown").inc()
+                self.metrics.steps_of(call.tool_name if call.tool_name in TOOLS else "unknown").inc()
             if call.error_kind is not None:
-                self.metrics.error_kinds.labels(call.error_kind.value).inc()
+                self.metrics.error_kinds_of(call.error_kind.value).inc()
                 if call.error_kind.value == "sandbox_error":
                     self.metrics.sandbox_failures.inc()
         if observation.done:
