@@ -1,8 +1,9 @@
 """Running one step's action: its calls resolved to tools, run in order under the per-step cap,
 blamed when a sandbox fails (docs/decisions/024-who-ends-an-episode.md), hinted, graded when the
-step uses the last of `max_steps`, and summed up as the step's `StepObservation` (with its
-`metadata` under the episode's protocol, decision 121). A judge's hint that comes after the step
-went out replaces the template in the record."""
+step uses the last of `max_steps`, and summed up as the step's observation, built once: the wire's
+`CodingObservation` (with its `metadata` under the episode's protocol, decision 121), which the
+record keeps too. A judge's hint that comes after the step went out replaces the template in the
+record."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from env_server.episode import Episode
-from env_server.error_kinds import classify_sandbox_death
+from env_server.error_kinds import classify_sandbox_death, openenv_tool_error
 from env_server.grading.monitor import scan_tool_call
 from env_server.hints import Hint, HintGenerator
-from env_server.models import CallFields, CallResult, ErrorKind, MonitorFlag, StepObservation
-from env_server.openenv_models import AssistantMessageStep, CallToolStep
+from env_server.models import CallFields, CallResult, ErrorKind, MonitorFlag
+from env_server.openenv_models import AssistantMessageStep, CallToolStep, CodingObservation
 from env_server.tool_call_parser import ToolCallParseError, parse_arguments, parse_tool_calls
 from env_server.tools import TOOLS, EpisodeEnd, Tool, CallOutcome, submit
 from sandbox import Sandbox, SandboxError
@@ -62,15 +63,11 @@ class _Answered:
 
 @dataclass(frozen=True)
 class StepRun:
-    """A step, run: its result for the wire, the outcome that decides the episode (the call that
-    ended it, else the last that ran) and the call that leads the result (the first that failed,
-    else the last that ran)."""
+    """A step, run: its observation, and the outcome that decides the episode (the call that ended
+    it, else the last that ran)."""
 
-    result: StepObservation
+    observation: CodingObservation
     outcome: CallOutcome
-    lead: CallResult
-    metadata: dict[str, Any]
-    """The observation's `metadata` under the episode's protocol."""
 
 
 class CallRunner:
@@ -113,11 +110,11 @@ class CallRunner:
             for answer in answered:
                 answer.result.monitor_flags = answer.flags
         lead = next((a for a in answered if a.result.error_kind is not None), ran[-1])
-        result = _step_result(answered, outcome, episode, lead=lead.result, duration_ms=(time.perf_counter() - started) * 1000)
+        observation = _observation(answered, outcome, episode, lead=lead.result, duration_ms=(time.perf_counter() - started) * 1000)
         for answer in answered:
             if answer.hint is not None:
-                _take_late_hint(episode, answer.hint, [answer.result, result] if answer is lead else [answer.result])
-        return StepRun(result, outcome, lead.result, _metadata(result, outcome, episode.protocol))
+                _take_late_hint(episode, answer.hint, [answer.result, observation] if answer is lead else [answer.result])
+        return StepRun(observation, outcome)
 
     async def _run_call(self, call: _Call, episode: Episode, *, ran_before: int) -> _Answered:
         """Run one call (or answer its resolution error), grading the workspace when it uses the
@@ -265,12 +262,17 @@ def _not_run(call: _Call, text: str, kind: ErrorKind | None = None, hint: str | 
     return _Answered(result)
 
 
-def _step_result(answered: list[_Answered], outcome: CallOutcome, episode: Episode, *, lead: CallResult, duration_ms: float) -> StepObservation:
-    """The step's result: every call's, and top-level fields that read as one call's (the `lead`)
-    with the step's `outcome` for the episode."""
+def _observation(answered: list[_Answered], outcome: CallOutcome, episode: Episode, *, lead: CallResult, duration_ms: float) -> CodingObservation:
+    """The step's observation: every call's result, top-level fields that read as one call's (the
+    `lead`) with the step's `outcome` for the episode, and OpenEnv's fields (`error` when the lead
+    call failed, `done`, `reward`, `metadata`)."""
     calls = [a.result for a in answered]
-    return StepObservation(
-        **lead.model_dump(include={"tool_name", "exit_code", "error_kind", "hint", "underlying_error_kind"}),
+    return CodingObservation(
+        tool_name=lead.tool_name,
+        exit_code=lead.exit_code,
+        error_kind=lead.error_kind,
+        hint=lead.hint,
+        underlying_error_kind=lead.underlying_error_kind,
         output=_joined_output(calls),
         truncated=any(call.truncated for call in calls),
         duration_ms=duration_ms,
@@ -284,10 +286,14 @@ def _step_result(answered: list[_Answered], outcome: CallOutcome, episode: Episo
         calls=calls,
         calls_found=len(calls),
         calls_run=sum(call.ran for call in calls),
+        error=openenv_tool_error(lead.error_kind, lead.output),
+        done=outcome.done,
+        reward=outcome.reward,
+        metadata=_metadata(outcome, episode, lead),
     )
 
 
-def _metadata(result: StepObservation, outcome: CallOutcome, protocol: int) -> dict[str, Any]:
+def _metadata(outcome: CallOutcome, episode: Episode, lead: CallResult) -> dict[str, Any]:
     """The observation's `metadata`: the grading details that have no typed field and, for protocol
     1 only, the typed fields again under the keys clients read before those fields existed
     (docs/api.md, "Protocol versions"). There `monitor_flags` is the episode's flags, on the step
@@ -296,18 +302,18 @@ def _metadata(result: StepObservation, outcome: CallOutcome, protocol: int) -> d
     grade = outcome.grade
     if grade is not None:
         metadata.update(failing_tests=list(grade.failing_tests), grading_ms=grade.grading_ms)
-    if protocol > 1:
+    if episode.protocol > 1:
         return metadata
     if grade is not None:
         metadata.update(tests_passed=grade.tests_passed, tests_total=grade.tests_total, monitor_flags=[str(flag) for flag in grade.monitor_flags])
-    elif outcome.done and result.episode_monitor_flags:
-        metadata["monitor_flags"] = [str(flag) for flag in result.episode_monitor_flags]
-    if result.end_reason is not None:
-        metadata.update(aborted=result.aborted, reason=result.end_reason)
-    if result.step_limit_reached:
+    elif outcome.done and episode.monitor_flags:
+        metadata["monitor_flags"] = [str(flag) for flag in episode.monitor_flags]
+    if outcome.end is not None:
+        metadata.update(aborted=outcome.end.aborted, reason=outcome.end.reason)
+    if outcome.step_limit_reached:
         metadata["step_limit_reached"] = True
-    if result.underlying_error_kind is not None:
-        metadata["underlying_error_kind"] = result.underlying_error_kind.value
+    if lead.underlying_error_kind is not None:
+        metadata["underlying_error_kind"] = lead.underlying_error_kind.value
     return metadata
 
 

@@ -24,7 +24,6 @@ from pydantic import ValidationError
 
 from env_server.call_runner import CallRunner
 from env_server.episode import Episode, episode_tool_call_format, episode_tools
-from env_server.error_kinds import openenv_tool_error
 from env_server.forking import continued_episode, fork_sandboxes
 from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
@@ -130,18 +129,10 @@ class CodingEnvironment(Environment[AnyAction, Observation, CodingState]):
         episode = self._active_episode()
         started_at = time.time()
         run = await self._runner.run(action, episode)
-        result, outcome = run.result, run.outcome
-        observation = CodingObservation(
-            **dict(result),
-            error=openenv_tool_error(result.error_kind, run.lead.output),
-            done=outcome.done,
-            reward=outcome.reward,
-            metadata=run.metadata,
-        )
-        episode.record_step(action.model_dump(exclude={"metadata"}), result, outcome, started_at=started_at)
-        if outcome.done:
-            await asyncio.to_thread(self._end, episode, outcome)
-        return observation
+        episode.record_step(action.model_dump(exclude={"metadata"}), run.observation, run.outcome, started_at=started_at)
+        if run.outcome.done:
+            await asyncio.to_thread(self._end, episode, run.outcome)
+        return run.observation
 
     def _end(self, episode: Episode, outcome: CallOutcome) -> None:
         """End `episode` with the step that ended it: its graded sandbox, of no further use, freed now rather than

@@ -110,7 +110,7 @@ class Episode:
             TrajectoryStep(
                 index=len(self.record.steps),
                 action=action,
-                parsed_call=first.model_dump(include={"tool_name", "arguments"}) if first.arguments is not None else None,
+                parsed_call={"tool_name": first.tool_name, "arguments": first.arguments} if first.arguments is not None else None,
                 observation=result,
                 reward=outcome.reward,
                 done=outcome.done,

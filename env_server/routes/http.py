@@ -1,8 +1,8 @@
 """OpenEnv's stateless HTTP routes (`/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state`)
 and the operations routes (`/metrics`, `/tasks`, and the privileged `/references`).
 
-Observation routes return a JSONResponse built from `serialize_observation`'s dict: their
-`response_model` documents the shape, without FastAPI validating the dict a second time.
+Observation routes return the JSON `observation_reply` writes: their
+`response_model` documents the shape, without FastAPI validating or serializing it again.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from fastapi.responses import JSONResponse
 from openenv.core.env_server.types import (
     EnvironmentMetadata,
     HealthResponse,
@@ -28,7 +27,7 @@ from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import ApiErrorCode, ResetRequestBody, TaskPage, TaskReference
 from env_server.openenv_models import ACTIONS, AnyAction, CodingObservation, CodingResetObservation, CodingState
 from env_server.package_docs import with_absolute_links
-from env_server.service import request_gone, service_of
+from env_server.service import observation_reply, request_gone, service_of
 from env_server.service_errors import ServiceError
 from env_server.tasks.references import task_reference
 from env_server.tasks.splits import Split
@@ -64,25 +63,25 @@ async def schema() -> SchemaResponse:
 
 
 @router.post("/reset", response_model=ResetResponse, responses=errors(*BODY_ERRORS, 404, 503), tags=["OpenEnv"])
-async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> JSONResponse:
+async def reset(request: Request, body: ResetRequestBody = Body(default_factory=ResetRequestBody)) -> Response:
     """Stateless reset, as OpenEnv's HTTP route: a sandbox is prepared, reported on and freed.
     Use `/sessions` or `/ws` to act on the episode."""
     service = service_of(request)
     session = await service.open_session(lambda: request_gone(request))
     try:
-        return JSONResponse(await service.reset(session, body))
+        return Response(observation_reply(await service.reset(session, body)), media_type="application/json")
     finally:
         await service.sessions.close(session.id)
 
 
 @router.post("/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 409, 503), tags=["OpenEnv"])
-async def step(request: Request, body: StepBody) -> JSONResponse:
+async def step(request: Request, body: StepBody) -> Response:
     """Stateless step, as OpenEnv's HTTP route: only `list_tools` can succeed (no episode exists);
     a tool call answers 409 `episode_not_started` (no auto-reset: the episode would end with the request)."""
     service = service_of(request)
     session = await service.open_session(lambda: request_gone(request))
     try:
-        return JSONResponse(await service.step(session, body.action, "http", auto_reset=False))
+        return Response(observation_reply(await service.step(session, body.action, "http", auto_reset=False)), media_type="application/json")
     finally:
         await service.sessions.close(session.id)
 

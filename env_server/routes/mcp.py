@@ -51,8 +51,9 @@ async def handle_rpc(
                 )
             session = bound or service.sessions.get(target)
             action = {"type": "call_tool", "tool_name": name, "arguments": params.get("arguments") or {}}
-            result = await service.step(session, action, "mcp")
-            return JsonRpcResponse.success({**result["observation"], "reward": result["reward"], "done": result["done"]}, rpc.id)
+            observation = await service.step(session, action, "mcp")
+            result = observation.model_dump(mode="json", exclude={"reward", "done"})
+            return JsonRpcResponse.success({**result, "reward": observation.reward, "done": observation.done}, rpc.id)
         return rpc_error(JsonRpcErrorCode.METHOD_NOT_FOUND, f"method not found: {rpc.method}", rpc.id)
     except ServiceError as exc:
         return rpc_error(JsonRpcErrorCode.SERVER_ERROR, exc.message, rpc.id, exc.body().model_dump(mode="json"))

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from env_server.admission import ClientGone
 from env_server.models import ApiErrorCode
 from env_server.routes.mcp import handle_rpc, rpc_error
-from env_server.service import Service, parse_fork, parse_reset, service_of
+from env_server.service import Service, observation_reply, parse_fork, parse_reset, service_of
 from env_server.service_errors import ServiceError
 from env_server.sessions import Session
 
@@ -47,9 +47,9 @@ async def _ws_reply(service: Service, session: Session, raw: str) -> str | None:
     if not isinstance(data, dict):
         raise ServiceError(ApiErrorCode.INVALID_REQUEST, "'data' must be an object")
     if kind == "reset":
-        return json.dumps({"type": "observation", "data": await service.reset(session, parse_reset(data))})
+        return observation_reply(await service.reset(session, parse_reset(data)), frame=True).decode()
     if kind == "step":
-        return json.dumps({"type": "observation", "data": await service.step(session, data, "ws")})
+        return observation_reply(await service.step(session, data, "ws"), frame=True).decode()
     if kind == "state":
         state = await service.sessions.run(session, lambda: session.env.state)
         return json.dumps({"type": "state", "data": state.model_dump(mode="json")})

@@ -3,11 +3,13 @@ no answer the OpenAPI schema does not document."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import httpx
 import pytest
 import schemathesis
+import websockets.sync.client
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance, status_code_conformance
 
@@ -66,6 +68,25 @@ def test_a_step_after_the_episode_ended_is_409_and_the_session_can_start_again(c
     _assert_refused(client.post(f"/sessions/{session.id}/step", json={"action": BASH_LS}), 409, "episode_done")
     session.reset(task_id="builtin/fizzbuzz")
     assert session.step("bash", {"command": "echo still-serving"})["observation"]["output"].strip() == "still-serving"
+
+
+def test_an_unpaired_surrogate_escape_in_a_call_is_answered_and_echoed_over_http_and_websocket(base_url: str, session: HttpSession) -> None:
+    """JSON lets a client escape half a surrogate pair (`\\ud800`), which no UTF-8 can hold: the step is still
+    answered, with the arguments echoed as the same escape, and the service keeps serving."""
+    frame = '{"type": "call_tool", "tool_name": "bash", "arguments": {"command": "echo \\ud800"}}'
+    session.reset(task_id="builtin/fizzbuzz")
+    response = session.client.post(f"/sessions/{session.id}/step", content=f'{{"action": {frame}}}', headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert response.json()["observation"]["calls"][0]["arguments"] == {"command": "echo \ud800"}
+    with websockets.sync.client.connect(base_url.replace("http://", "ws://") + "/ws") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task_id": "builtin/fizzbuzz"}}))
+        assert json.loads(ws.recv(timeout=60))["type"] == "observation"
+        ws.send(f'{{"type": "step", "data": {frame}}}')
+        reply = json.loads(ws.recv(timeout=60))
+        assert reply["type"] == "observation", reply
+        assert reply["data"]["observation"]["calls"][0]["arguments"] == {"command": "echo \ud800"}
+        ws.send(json.dumps({"type": "step", "data": BASH_LS}))
+        assert json.loads(ws.recv(timeout=60))["data"]["observation"]["error_kind"] is None
 
 
 def test_oversized_body_is_413(client: httpx.Client, session: HttpSession) -> None:
