@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from env_server.episode import Episode
-from env_server.error_kinds import classify_sandbox_death, openenv_tool_error
+from env_server.error_kinds import classify_sandbox_death
 from env_server.grading.monitor import scan_tool_call
 from env_server.hints import Hint, HintGenerator
 from env_server.models import CallFields, CallResult, ErrorKind, MonitorFlag
-from env_server.openenv_models import AssistantMessageStep, CallToolStep, CodingObservation
+from env_server.openenv_models import AssistantMessageStep, CallToolStep, CodingObservation, openenv_tool_error
 from env_server.tool_call_parser import ToolCallParseError, parse_arguments, parse_tool_calls
 from env_server.tools import TOOLS, EpisodeEnd, Tool, CallOutcome, submit
 from sandbox import Sandbox, SandboxError

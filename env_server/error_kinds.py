@@ -10,8 +10,6 @@ from __future__ import annotations
 import errno
 import re
 
-from openenv.core.env_server.mcp_types import ToolError, ToolErrorType
-
 from env_server.models import ErrorKind
 from sandbox.base import ExecResult, SandboxError
 
@@ -70,22 +68,6 @@ RAW_TEXT_KINDS = frozenset(
     {ErrorKind.TOOL_NOT_FOUND, ErrorKind.JSON_DECODE, ErrorKind.TYPE_ERROR, ErrorKind.RUNTIME_ERROR, ErrorKind.TOO_MANY_CALLS}
 )
 """Kinds whose error message comes from the service itself and is short and exact."""
-
-
-OPENENV_TOOL_ERRORS: dict[ErrorKind, ToolErrorType] = {
-    ErrorKind.TOOL_NOT_FOUND: ToolErrorType.TOOL_NOT_FOUND,
-    ErrorKind.JSON_DECODE: ToolErrorType.INVALID_ARGS,
-    ErrorKind.TYPE_ERROR: ToolErrorType.INVALID_ARGS,
-    ErrorKind.SANDBOX_ERROR: ToolErrorType.TRANSPORT_ERROR,
-}
-"""Kinds that are failures of the call itself, not of the tool, as OpenEnv's error types."""
-
-
-def openenv_tool_error(kind: ErrorKind | None, message: str) -> ToolError | None:
-    """The observation's OpenEnv `error` for a step whose lead call failed with `kind`: set only when the call
-    itself failed (OpenEnv clients read tool failures from the output)."""
-    error_type = OPENENV_TOOL_ERRORS.get(kind) if kind else None
-    return ToolError(error_type=error_type, message=message) if error_type is not None else None
 
 
 class FailureStreak:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from openenv.core.env_server.mcp_types import CallToolObservation
+from openenv.core.env_server.mcp_types import CallToolObservation, ToolError, ToolErrorType
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field, TypeAdapter
 
-from env_server.models import AssistantMessageAction, EpisodeState, ListToolsAction, ResetInfo, StepObservation, ToolCallAction
+from env_server.models import AssistantMessageAction, EpisodeState, ErrorKind, ListToolsAction, ResetInfo, StepObservation, ToolCallAction
 
 
 class ListToolsStep(Action, ListToolsAction):
@@ -43,3 +43,21 @@ class CodingResetObservation(Observation, ResetInfo):
 
 class CodingState(State, EpisodeState):
     """OpenEnv's state (episode_id; step_count: the calls counted against `max_steps`) plus the episode's task and outcome."""
+
+
+OPENENV_TOOL_ERRORS: dict[ErrorKind, ToolErrorType] = {
+    ErrorKind.TOOL_NOT_FOUND: ToolErrorType.TOOL_NOT_FOUND,
+    ErrorKind.JSON_DECODE: ToolErrorType.INVALID_ARGS,
+    ErrorKind.TYPE_ERROR: ToolErrorType.INVALID_ARGS,
+    ErrorKind.SANDBOX_ERROR: ToolErrorType.TRANSPORT_ERROR,
+}
+"""Kinds that are failures of the call itself, not of the tool, as OpenEnv's error types. Here, with the OpenEnv
+types, rather than in `env_server.error_kinds`: classifying an outcome needs no OpenEnv, whose server package an
+import of it brings in (0.8 s; fastmcp, mcp)."""
+
+
+def openenv_tool_error(kind: ErrorKind | None, message: str) -> ToolError | None:
+    """The observation's OpenEnv `error` for a step whose lead call failed with `kind`: set only when the call
+    itself failed (OpenEnv clients read tool failures from the output)."""
+    error_type = OPENENV_TOOL_ERRORS.get(kind) if kind else None
+    return ToolError(error_type=error_type, message=message) if error_type is not None else None

@@ -14,7 +14,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_service_modules_import_openenv_without_gradio_and_gradio_stays_importable() -> None:
     done = run_python(
         "import importlib.util, sys\n"
-        "import env_server.error_kinds\n"  # imports OpenEnv's server package
+        "import env_server.openenv_models\n"  # imports OpenEnv's server package
         "import openenv.core.env_server as server\n"
         "assert 'openenv.core.env_server' in sys.modules\n"
         "assert 'gradio' not in sys.modules, 'gradio was imported'\n"
