@@ -28,7 +28,7 @@ from env_server.forking import continued_episode, fork_sandboxes
 from env_server.grading.grader import GradingConfig, TaskSetupError, prepare_workspace
 from env_server.hints import HintGenerator
 from env_server.models import DEFAULT_MAX_CALLS_PER_STEP, DEFAULT_PROTOCOL_VERSION, ApiErrorCode, EpisodeEnding, EpisodeRecord, TaskSpec
-from env_server.openenv_models import AnyAction, CodingObservation, CodingResetObservation, CodingState, ListToolsStep
+from env_server.openenv_models import AnyAction, CodingResetObservation, CodingState, ListToolsStep
 from env_server.package_docs import DOCUMENTATION_PATH, readme_text
 from env_server.service_errors import ServiceError
 from env_server.tasks import TaskRegistry
