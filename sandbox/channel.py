@@ -134,7 +134,7 @@ class SupervisorChannel:
         request_id = self._send(op, b"", params, future)
         # The deadline fails the request as a failure reply would, by a timer on this loop: the reply then wakes
         # this task directly, with neither `wait_for`'s waiter (one more turn of the loop, 3.11) nor
-        # `asyncio.timeout`'s cancellation bookkeeping (about 20 us of a step's CPU, docs/benchmarks.md).
+        # `asyncio.timeout`'s cancellation bookkeeping (about 30 us of a step's profiled time, docs/benchmarks.md).
         deadline = loop.call_later(reply_timeout_s, lambda: _settle(future, error=_no_reply(op, reply_timeout_s)))
         try:
             reply = await (future if isinstance(future, asyncio.Future) else asyncio.wrap_future(future))

@@ -1,7 +1,7 @@
 """OpenEnv's stateless HTTP routes (`/health`, `/metadata`, `/schema`, `/reset`, `/step`, `/state`)
 and the operations routes (`/metrics`, `/tasks`, and the privileged `/references`).
 
-Observation routes return the JSON `observation_reply` writes: their
+Observation routes return the JSON `observation_reply` writes (`observation_response`): their
 `response_model` documents the shape, without FastAPI validating or serializing it again.
 """
 
@@ -16,6 +16,7 @@ from openenv.core.env_server.types import (
     EnvironmentMetadata,
     HealthResponse,
     HealthStatus,
+    Observation,
     ResetResponse,
     SchemaResponse,
     StepRequest,
@@ -40,6 +41,11 @@ class StepBody(StepRequest):
     `action` is one of the action types (a union on `type`), so the schema says what is accepted."""
 
     action: Annotated[AnyAction, Field(discriminator="type")]  # type: ignore[assignment]
+
+
+def observation_response(observation: Observation) -> Response:
+    """An observation route's answer: OpenEnv's reply, as `observation_reply` writes it."""
+    return Response(observation_reply(observation), media_type="application/json")
 
 
 @router.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
@@ -69,7 +75,7 @@ async def reset(request: Request, body: ResetRequestBody = Body(default_factory=
     service = service_of(request)
     session = await service.open_session(lambda: request_gone(request))
     try:
-        return Response(observation_reply(await service.reset(session, body)), media_type="application/json")
+        return observation_response(await service.reset(session, body))
     finally:
         await service.sessions.close(session.id)
 
@@ -81,7 +87,7 @@ async def step(request: Request, body: StepBody) -> Response:
     service = service_of(request)
     session = await service.open_session(lambda: request_gone(request))
     try:
-        return Response(observation_reply(await service.step(session, body.action, "http", auto_reset=False)), media_type="application/json")
+        return observation_response(await service.step(session, body.action, "http", auto_reset=False))
     finally:
         await service.sessions.close(session.id)
 

@@ -1,8 +1,7 @@
 """Stateful HTTP sessions (`/sessions/...`), for frameworks that do not speak WebSocket: open a
 session, reset and step it as often as needed, read its state and trajectory, close it.
 
-Observation routes return the JSON `observation_reply` writes, as in
-`env_server.routes.http`.
+Observation routes answer with `env_server.routes.http.observation_response`.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from openenv.core.env_server.types import ResetResponse, StepResponse
 from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import EpisodeRecord, ForkRequestBody, ResetRequestBody, SessionCreated, SessionsForked
 from env_server.openenv_models import CodingState
-from env_server.routes.http import StepBody
-from env_server.service import observation_reply, request_gone, service_of
+from env_server.routes.http import StepBody, observation_response
+from env_server.service import request_gone, service_of
 
 router = APIRouter()
 
@@ -30,13 +29,13 @@ async def reset_session(
     request: Request, session_id: str, body: ResetRequestBody = Body(default_factory=ResetRequestBody)
 ) -> Response:
     service = service_of(request)
-    return Response(observation_reply(await service.reset(service.sessions.get(session_id), body)), media_type="application/json")
+    return observation_response(await service.reset(service.sessions.get(session_id), body))
 
 
 @router.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
 async def step_session(request: Request, session_id: str, body: StepBody) -> Response:
     service = service_of(request)
-    return Response(observation_reply(await service.step(service.sessions.get(session_id), body.action, "http")), media_type="application/json")
+    return observation_response(await service.step(service.sessions.get(session_id), body.action, "http"))
 
 
 @router.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
