@@ -20,6 +20,7 @@ from env_server.http_errors import add_error_handlers
 from env_server.metrics import ServiceMetrics
 from env_server.middleware import RequestGuard
 from env_server.routes import episodes, http, mcp, sessions, ws
+from env_server.routes.session_step import SessionStepLane
 from env_server.service import open_service
 from env_server.settings import ServiceSettings
 from env_server.tasks import TaskRegistry, default_registry
@@ -50,6 +51,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskRegistry |
         telemetry=NO_TELEMETRY,
     )
     token = settings.api_token.get_secret_value() if settings.api_token else None
+    # The last added runs first: the guard, then the session step's lane (decision 143), then FastAPI's routes.
+    app.add_middleware(SessionStepLane)
     app.add_middleware(RequestGuard, token=token, max_body_bytes=settings.max_body_bytes)
     add_error_handlers(app)
     # A request is matched against the routes in this order: the session routes, which carry most steps,

@@ -43,7 +43,8 @@ BODY_ERRORS = (400, 413, 422)
 """What any route with a JSON body can be refused with before it runs."""
 
 
-def _error_response(exc: ServiceError) -> JSONResponse:
+def error_response(exc: ServiceError) -> JSONResponse:
+    """A refusal's answer: its `ApiError` body with its status."""
     return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status)
 
 
@@ -52,7 +53,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone) -> Response:
@@ -64,14 +65,14 @@ def add_error_handlers(app: FastAPI) -> None:
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = exc.errors()
         if any(e.get("type") == "json_invalid" for e in problems):
-            return _error_response(ServiceError(ApiErrorCode.INVALID_JSON, "request body is not valid JSON"))
+            return error_response(ServiceError(ApiErrorCode.INVALID_JSON, "request body is not valid JSON"))
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in problems]
         first = problems[0] if problems else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = f"request does not match the schema: {where or 'body'}: {first.get('msg', 'invalid')}"
         if len(problems) > 1:
             message += f" (and {len(problems) - 1} more)"
-        return _error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, message, detail))
+        return error_response(ServiceError(ApiErrorCode.INVALID_REQUEST, message, detail))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

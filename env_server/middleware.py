@@ -98,15 +98,7 @@ class RequestGuard:
                 return await self._too_large(send)
             chunks.append(chunk)
             more = message.get("more_body", False)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
+        replay = replaying({"type": "http.request", "body": b"".join(chunks), "more_body": False}, receive)
         started = False
 
         async def tracking_send(message: Message) -> None:
@@ -124,6 +116,20 @@ class RequestGuard:
 
     async def _too_large(self, send: Send) -> None:
         await _respond(send, ApiErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body_bytes} bytes")
+
+
+def replaying(first: Message, receive: Receive) -> Receive:
+    """`receive`, after handing out `first` (a message already read from it) once more."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return first
+
+    return replay
 
 
 def _cookie(header: bytes, name: str) -> bytes:

@@ -15,7 +15,7 @@ from tests.support.service import RunningService, SharedServices, running_servic
 
 NEEDS_NO_DOCKER = {
     "test_tool_call_parser.py", "test_tool_call_families.py", "test_tool_call_corpus.py", "test_hint_judge.py", "test_monitor_rules.py",
-    "test_tool_threads.py", "test_observation_reply.py",
+    "test_tool_threads.py", "test_observation_reply.py", "test_session_step_lane.py",
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi import Request
 
 from env_server.app import create_app
+from tests.service.conftest import HttpSession
 from tests.support.service import builtin_registry, running_service, service_settings
 
 
@@ -119,3 +120,29 @@ def test_docs_name_every_error_kind() -> None:
     api = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
     table = api[api.index("## Error kinds") : api.index("## Hints")]
     assert all(f"| `{kind.value}` |" in table for kind in ErrorKind)
+
+
+def _shape(value: object) -> object:
+    """The keys of `value` at every depth, and the type of each leaf: what two replies to the same step share."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(item) for item in value]
+    return type(value).__name__
+
+
+def test_the_step_lane_answers_a_step_as_the_route_does(session: HttpSession) -> None:
+    """A valid step sent as `application/json` is answered ahead of FastAPI (decision 143); sent as another JSON
+    type it is passed on, and FastAPI's route answers it. The two answers have the same status, headers and reply."""
+    session.reset(task_id="builtin/fizzbuzz")
+    body = json.dumps({"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "echo same"}}}).encode()
+    path = f"/sessions/{session.id}/step"
+    by_lane = session.client.post(path, content=body, headers={"content-type": "application/json"})
+    by_route = session.client.post(path, content=body, headers={"content-type": "application/vnd.api+json"})
+    assert by_lane.status_code == by_route.status_code == 200, (by_lane.text, by_route.text)
+    volatile = {"date", "content-length"}
+    assert {k: v for k, v in by_lane.headers.items() if k not in volatile} == {k: v for k, v in by_route.headers.items() if k not in volatile}
+    lane, route = by_lane.json(), by_route.json()
+    assert _shape(lane) == _shape(route)
+    assert lane["observation"]["output"] == route["observation"]["output"] == "same"
+    assert session.state()["step_count"] == 2  # both steps ran, one each way
