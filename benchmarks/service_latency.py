@@ -63,7 +63,7 @@ def report(name: str, samples_ms: list[float], cpu_ms: float | None = None) -> f
 def start_service(pool_size: int, max_sessions: int | None = None, **settings: str) -> tuple[subprocess.Popen[str], str]:
     """`coding-env serve` on a free loopback port, once it is ready; returns it and its address.
 
-    `settings` are further `CODING_ENV_*` variables (e.g. `CODING_ENV_GRADING_POOL_SIZE="2"`)."""
+    `settings` are further variables of its environment (e.g. `CODING_ENV_GRADING_POOL_SIZE="2"`)."""
     # Bound and listening here, handed over with --fd: uvicorn logs its start-up complete before it
     # binds a --port itself, so a client that waited for that line could be refused.
     listener = socket.create_server(("127.0.0.1", 0))

@@ -53,6 +53,7 @@ TINY_RUNS = [
     pytest.param(Tiny("capacity", ("light step", "run_tests step", "service RSS", "start concurrency=1")), marks=DOCKER, id="capacity"),
     pytest.param(Tiny("service_latency", ("step `bash true` via WebSocket", "reset from the warm pool", "2 sessions x 2 steps")),
                  marks=DOCKER, id="service_latency"),
+    pytest.param(Tiny("service_paired", ("this - other, WebSocket", "this - other, HTTP")), marks=DOCKER, id="service_paired"),
     pytest.param(Tiny("grading_modes", ("call table p50",)), marks=DOCKER, id="grading_modes"),
     pytest.param(Tiny("task_generation_yield", ("| ministats-0.1 | 3 |", "| ranges-1.0 | 8 |")),
                  marks=DOCKER, id="task_generation_yield"),

@@ -39,7 +39,11 @@ def test_token_guards_every_route_but_health(make_service: Callable[..., str]) -
             assert response.status_code == 401 and response.json()["code"] == "unauthorized"
         assert client.get("/metrics").status_code == 401
         assert client.post("/mcp", json={"jsonrpc": "2.0", "method": "tools/list", "id": 1}).status_code == 401
-        assert client.post("/sessions", headers=good).status_code == 201
+        session_id = client.post("/sessions", headers=good).json()["session_id"]
+        step = {"action": {"type": "call_tool", "tool_name": "bash", "arguments": {"command": "true"}}}
+        # A valid session step is answered ahead of FastAPI's routes (decision 143), behind the same guard.
+        assert client.post(f"/sessions/{session_id}/step", json=step).status_code == 401
+        assert client.post(f"/sessions/{session_id}/step", json=step, headers=good).status_code == 200
     with pytest.raises(InvalidStatus) as refused:
         websockets.sync.client.connect(_ws_url(url))
     assert refused.value.response.status_code == 401
