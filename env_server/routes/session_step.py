@@ -27,6 +27,7 @@ from env_server.service_errors import ServiceError
 STEP_PATH = re.compile(r"/sessions/([^/]+)/step")
 """The route's path, as Starlette matches `/sessions/{session_id}/step` (a path parameter is one segment)."""
 
+
 async def step_reply(service: Service, session_id: str, action: Any) -> bytes:
     """The answer to a step of session `session_id`: OpenEnv's reply (`observation_reply`), or a `ServiceError`."""
     return observation_reply(await service.step(service.sessions.get(session_id), action, "http"))
