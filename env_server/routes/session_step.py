@@ -4,7 +4,7 @@ A trainer that steps over HTTP sends this request more than every other together
 (routing through every route, the request object, dependency solving, the body's validation against a field, the
 response object, and the middleware those pass through) cost an HTTP step about 0.3 ms more of the service's CPU
 than the same step over the WebSocket (docs/benchmarks.md). `SessionStepLane` answers a valid step itself, with
-what the FastAPI route would answer (`step_reply`: the same call, bytes, status and headers), and hands every other
+what the FastAPI route would answer (`session_step` and `observation_response`, as the route calls them), and hands every other
 request on unchanged, so the FastAPI route still documents the step in OpenAPI and refuses a body that does not
 validate with the same status, code and message as before. It sits inside `RequestGuard`, so the token and the
 body's size limit apply to it as to every route, and an error it does not expect becomes the guard's typed 500.
@@ -16,21 +16,22 @@ import json
 import re
 from typing import Any
 
+from openenv.core.env_server.types import Observation
 from pydantic import ValidationError
 
 from env_server.http_errors import error_response
 from env_server.middleware import ASGIApp, Message, Receive, Scope, Send, replaying
-from env_server.routes.http import StepBody
-from env_server.service import Service, observation_reply
+from env_server.routes.http import StepBody, observation_response
+from env_server.service import Service
 from env_server.service_errors import ServiceError
 
 STEP_PATH = re.compile(r"/sessions/([^/]+)/step")
 """The route's path, as Starlette matches `/sessions/{session_id}/step` (a path parameter is one segment)."""
 
 
-async def step_reply(service: Service, session_id: str, action: Any) -> bytes:
-    """The answer to a step of session `session_id`: OpenEnv's reply (`observation_reply`), or a `ServiceError`."""
-    return observation_reply(await service.step(service.sessions.get(session_id), action, "http"))
+async def session_step(service: Service, session_id: str, action: Any) -> Observation:
+    """One step of session `session_id`, as the route and the lane run it (or its `ServiceError`)."""
+    return await service.step(service.sessions.get(session_id), action, "http")
 
 
 class SessionStepLane:
@@ -48,12 +49,10 @@ class SessionStepLane:
         if body is None:
             return await self._app(scope, replaying(message, receive), send)
         try:
-            reply = await step_reply(scope["app"].state.service, matched, body.action)
+            observation = await session_step(scope["app"].state.service, matched, body.action)
         except ServiceError as exc:
             return await error_response(exc)(scope, receive, send)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(reply)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": reply})
+        await observation_response(observation)(scope, receive, send)
 
 
 def _session_step(scope: Scope) -> str | None:

@@ -13,7 +13,7 @@ from env_server.http_errors import BODY_ERRORS, errors
 from env_server.models import EpisodeRecord, ForkRequestBody, ResetRequestBody, SessionCreated, SessionsForked
 from env_server.openenv_models import CodingState
 from env_server.routes.http import StepBody, observation_response
-from env_server.routes.session_step import step_reply
+from env_server.routes.session_step import session_step
 from env_server.service import request_gone, service_of
 
 router = APIRouter()
@@ -36,7 +36,7 @@ async def reset_session(
 @router.post("/sessions/{session_id}/step", response_model=StepResponse, responses=errors(*BODY_ERRORS, 404, 409, 503), tags=["Sessions"])
 async def step_session(request: Request, session_id: str, body: StepBody) -> Response:
     """A valid step is answered ahead of this route, with the same reply (`env_server.routes.session_step`)."""
-    return Response(await step_reply(service_of(request), session_id, body.action), media_type="application/json")
+    return observation_response(await session_step(service_of(request), session_id, body.action))
 
 
 @router.get("/sessions/{session_id}/state", response_model=CodingState, responses=errors(404, 422), tags=["Sessions"])
