@@ -113,7 +113,7 @@ def main() -> int:
         alternate = AlternateToolMode()
         with tempfile.TemporaryDirectory() as output_dir:
             config = ComposerConfig(
-                output_dir=output_dir, use_cpu=True, bf16=False, report_to=[],  # TRL's bf16 default: 40x slower matmuls on a CPU without bf16 save_strategy="no", logging_steps=1,
+                output_dir=output_dir, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
                 per_device_train_batch_size=args.rollouts, num_generations=args.rollouts, max_steps=args.steps,
                 max_completion_length=128 * (args.rounds + 2), activation_checkpointing=False, sdpo_weight=1.0,
                 disable_tqdm=True,
