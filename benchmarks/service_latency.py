@@ -163,8 +163,9 @@ class ThinWebSocket:
 
 class ThinHttp:
     """A blocking keep-alive HTTP/1.1 client over a plain socket, its replies read by httptools' C parser (the one
-    uvicorn serves with): `http.client` parses every reply's headers with the `email` package, which on this VM cost
-    the client about 0.3 ms of CPU a step more than this (docs/benchmarks.md), timed as if the service spent it."""
+    uvicorn serves with). `http.client` sends a request's head and body as two segments with Nagle's algorithm on,
+    so the body waits for the head's ACK, and parses every reply's headers with the `email` package: 0.67-0.80 ms a
+    step on a 2-core VM (docs/benchmarks.md), timed as if the service spent it."""
 
     def __init__(self, address: str) -> None:
         host, port = address.rsplit(":", 1)
