@@ -218,7 +218,7 @@ class ComposerConfig(ConcurrentRolloutConfig):
     def __post_init__(self) -> None:
         if self.bf16 is None and self.use_cpu:
             # TRL's default is bf16 unless fp16: on a CPU without bf16 matmuls, every product about 40x slower than
-            # fp32 (docs/benchmarks.md, "the suite's slowest waste"). A CPU run asks for bf16 by setting it.
+            # fp32 (decision 144). A CPU run that wants bf16 (to rehearse a GPU's precision) sets it.
             self.bf16 = False
         super().__post_init__()
         if self.sdpo_normalizer not in ("policy_tokens", "hint_tokens"):
