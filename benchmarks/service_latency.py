@@ -112,53 +112,81 @@ def exec_baseline() -> Iterator[Callable[[], object]]:
 
 
 class ThinWebSocket:
-    """A blocking WebSocket client on websockets' sans-I/O protocol, over a plain socket and without a thread:
-    `websockets.sync`'s client hands every frame from a reader thread to the caller, which on this VM cost
-    0.07-0.09 ms a step (docs/benchmarks.md), timed as if the service spent it."""
+    """A blocking WebSocket client over a plain socket, without a thread: websockets' sans-I/O protocol opens the
+    connection, and the frames of a step are written and read here. `websockets.sync`'s client hands every frame
+    from a reader thread (0.07-0.09 ms a step on a 2-core VM), and the sans-I/O protocol's own framing cost about
+    0.15 ms a step more than these few lines (docs/benchmarks.md): both timed as if the service spent them. A
+    ping is answered; a fragmented message, a close or any other frame fails the run."""
 
     def __init__(self, url: str) -> None:
         uri = parse_uri(url)
-        self._protocol = ClientProtocol(uri)
+        protocol = ClientProtocol(uri)
         self._socket = socket.create_connection((uri.host, uri.port))
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._protocol.send_request(self._protocol.connect())
-        self._flush()
-        while self._protocol.state is State.CONNECTING:
-            self._receive()
-        if self._protocol.handshake_exc is not None:
-            raise self._protocol.handshake_exc
-        self._protocol.events_received()  # the handshake's response, read above
+        protocol.send_request(protocol.connect())
+        while protocol.state is State.CONNECTING:
+            self._socket.sendall(b"".join(protocol.data_to_send()))
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the service closed the connection during the WebSocket handshake")
+            protocol.receive_data(data)
+        if protocol.handshake_exc is not None:
+            raise protocol.handshake_exc
+        self._unread = bytearray()  # the service sends nothing before the first message, so nothing is left over
 
     def send(self, text: str) -> None:
-        self._protocol.send_text(text.encode())
-        self._flush()
+        self._socket.sendall(_client_frame(Opcode.TEXT, text.encode()))
 
     def recv(self) -> str:
-        """The next text message (a ping is answered by the protocol on the way)."""
+        """The next text message."""
         while True:
-            for event in self._protocol.events_received():
-                if event.opcode is Opcode.TEXT:
-                    if not event.fin:
-                        raise RuntimeError("the service fragmented a message; this client reads whole frames only")
-                    return event.data.decode()
-            self._receive()
+            opcode, payload = self._frame()
+            if opcode is Opcode.TEXT:
+                return payload.decode()
+            if opcode is Opcode.PING:
+                self._socket.sendall(_client_frame(Opcode.PONG, payload))
+            elif opcode is not Opcode.PONG:
+                raise ConnectionError(f"the service sent a {opcode.name} frame: {payload[:200]!r}")
 
     def close(self) -> None:
-        self._protocol.send_close()
-        self._flush()
-        self._socket.close()
+        try:
+            self._socket.sendall(_client_frame(Opcode.CLOSE, (1000).to_bytes(2, "big")))
+        finally:
+            self._socket.close()
 
-    def _receive(self) -> None:
-        data = self._socket.recv(1 << 16)
-        if not data:
-            raise ConnectionError("the service closed the WebSocket")
-        self._protocol.receive_data(data)
-        self._flush()
+    def _frame(self) -> tuple[Opcode, bytes]:
+        """The next frame's opcode and payload (a server's frames are not masked; RFC 6455, 5.2)."""
+        first, second = self._read(2)
+        if not first & 0x80:
+            raise RuntimeError("the service fragmented a message; this client reads whole frames only")
+        size = second & 0x7F
+        if size >= 126:
+            size = int.from_bytes(self._read(2 if size == 126 else 8), "big")
+        return Opcode(first & 0x0F), self._read(size)
 
-    def _flush(self) -> None:
-        for data in self._protocol.data_to_send():
-            if data:
-                self._socket.sendall(data)
+    def _read(self, size: int) -> bytes:
+        while len(self._unread) < size:
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the service closed the WebSocket")
+            self._unread += data
+        chunk = bytes(self._unread[:size])
+        del self._unread[:size]
+        return chunk
+
+
+def _client_frame(opcode: Opcode, payload: bytes) -> bytes:
+    """One whole frame as a client must send it: FIN, the opcode, the size, a fresh mask and the masked payload."""
+    size = len(payload)
+    if size < 126:
+        head = bytes([0x80 | opcode, 0x80 | size])
+    elif size < 1 << 16:
+        head = bytes([0x80 | opcode, 0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        head = bytes([0x80 | opcode, 0x80 | 127]) + size.to_bytes(8, "big")
+    mask = os.urandom(4)
+    masked = int.from_bytes(payload, "big") ^ int.from_bytes((mask * (size // 4 + 1))[:size], "big")
+    return head + mask + masked.to_bytes(size, "big")
 
 
 class ThinHttp:
