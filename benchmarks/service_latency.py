@@ -38,7 +38,7 @@ import httptools
 import httpx
 import websockets
 from websockets.client import ClientProtocol
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
@@ -113,9 +113,9 @@ def exec_baseline() -> Iterator[Callable[[], object]]:
 
 class ThinWebSocket:
     """A blocking WebSocket client over a plain socket, without a thread: websockets' sans-I/O protocol opens the
-    connection, and the frames of a step are written and read here. `websockets.sync`'s client hands every frame
-    from a reader thread (0.07-0.09 ms a step on a 2-core VM), and the sans-I/O protocol's own framing cost about
-    0.15 ms a step more than these few lines (docs/benchmarks.md): both timed as if the service spent them. A
+    connection; then each frame is written by websockets' `Frame` and read here. `websockets.sync`'s client hands
+    every frame from a reader thread (0.07-0.09 ms a step on a 2-core VM), and the sans-I/O protocol's own framing
+    cost about 0.1-0.15 ms a step more than this (docs/benchmarks.md): both timed as if the service spent them. A
     ping is answered; a fragmented message, a close or any other frame fails the run."""
 
     def __init__(self, url: str) -> None:
@@ -135,7 +135,7 @@ class ThinWebSocket:
         self._unread = bytearray()  # the service sends nothing before the first message, so nothing is left over
 
     def send(self, text: str) -> None:
-        self._socket.sendall(_client_frame(Opcode.TEXT, text.encode()))
+        self._socket.sendall(Frame(Opcode.TEXT, text.encode()).serialize(mask=True))
 
     def recv(self) -> str:
         """The next text message."""
@@ -144,13 +144,13 @@ class ThinWebSocket:
             if opcode is Opcode.TEXT:
                 return payload.decode()
             if opcode is Opcode.PING:
-                self._socket.sendall(_client_frame(Opcode.PONG, payload))
+                self._socket.sendall(Frame(Opcode.PONG, payload).serialize(mask=True))
             elif opcode is not Opcode.PONG:
                 raise ConnectionError(f"the service sent a {opcode.name} frame: {payload[:200]!r}")
 
     def close(self) -> None:
         try:
-            self._socket.sendall(_client_frame(Opcode.CLOSE, (1000).to_bytes(2, "big")))
+            self._socket.sendall(Frame(Opcode.CLOSE, (1000).to_bytes(2, "big")).serialize(mask=True))
         finally:
             self._socket.close()
 
@@ -173,20 +173,6 @@ class ThinWebSocket:
         chunk = bytes(self._unread[:size])
         del self._unread[:size]
         return chunk
-
-
-def _client_frame(opcode: Opcode, payload: bytes) -> bytes:
-    """One whole frame as a client must send it: FIN, the opcode, the size, a fresh mask and the masked payload."""
-    size = len(payload)
-    if size < 126:
-        head = bytes([0x80 | opcode, 0x80 | size])
-    elif size < 1 << 16:
-        head = bytes([0x80 | opcode, 0x80 | 126]) + size.to_bytes(2, "big")
-    else:
-        head = bytes([0x80 | opcode, 0x80 | 127]) + size.to_bytes(8, "big")
-    mask = os.urandom(4)
-    masked = int.from_bytes(payload, "big") ^ int.from_bytes((mask * (size // 4 + 1))[:size], "big")
-    return head + mask + masked.to_bytes(size, "big")
 
 
 class ThinHttp:
