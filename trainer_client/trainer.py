@@ -22,7 +22,7 @@ decision 122):
   base class's, `ConcurrentRolloutTrainer` (`concurrent_rollouts`, decision 062).
 
 Pinned to TRL 1.16.0 and transformers (pyproject.toml): the private methods overridden here (`_generate`, `_generate_and_score_completions`,
-`_compute_loss`) and every other TRL internal used are listed in decision 064.
+`_get_per_token_logps_and_entropies`, `_compute_loss`) and every other TRL internal used are listed in decision 064.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from trainer_client.concurrent_rollouts import (
     ConcurrentRolloutConfig,
     ConcurrentRolloutTrainer,
 )
+from trainer_client.cpu_logprob_tiles import cpu_logprob_tiles
 from trainer_client.dpo import DpoChannel, DpoSettings
 from trainer_client.environment import TrlEnvironment, task_reference
 from trainer_client.hint_sites import (
@@ -566,6 +567,11 @@ class ComposerTrainer(ConcurrentRolloutTrainer):
         return self.accelerator.gather(torch.tensor(local, device=self.accelerator.device)).sum()
 
     # ----------------------------------------------------------------- loss
+
+    def _get_per_token_logps_and_entropies(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """TRL's, in tiles sized for the CPU when training there (`cpu_logprob_tiles`, decision 145)."""
+        with cpu_logprob_tiles(self.accelerator.device):
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         # `hint_tokens` counts the whole generation batch on every rank, so all ranks take the same branch
