@@ -60,6 +60,7 @@ TINY_RUNS = [
     pytest.param(Tiny("sandbox_latency", ("| exec round trip `true` |", "| 2 | 2 |")), marks=DOCKER, id="sandbox_latency"),
     pytest.param(Tiny("burst", ("completed        3/3", "errors           0")), marks=DOCKER, id="burst"),
     pytest.param(Tiny("dpo_batch_tokens", ("prefix tree, context chains, head read",)), id="dpo_batch_tokens"),
+    pytest.param(Tiny("cpu_logprob_tiles", ("narrow+kept",)), id="cpu_logprob_tiles"),
     pytest.param(Tiny("parser_worst_case", ("worst case per family", "replies not sane: none")), id="parser_worst_case"),
     pytest.param(Tiny("trivial_baselines", ("| builtin | 4 |",)), id="trivial_baselines"),
     pytest.param(Tiny("gpu_bundle", ("part1",), ("--out", "{tmp}/bundle"), writes="bundle/part1/bundle.json"),
