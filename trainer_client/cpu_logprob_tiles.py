@@ -39,7 +39,7 @@ def cpu_logprob_tiles(device: torch.device) -> Iterator[None]:
     if device.type != "cpu":
         yield
         return
-    _keep_freed_tiles()
+    keep_freed_tiles()
     width = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
     trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = COLUMNS
     try:
@@ -49,7 +49,7 @@ def cpu_logprob_tiles(device: torch.device) -> Iterator[None]:
 
 
 @functools.cache
-def _keep_freed_tiles() -> None:
+def keep_freed_tiles() -> None:
     """Fixes glibc's thresholds for the rest of the process. Left to itself, glibc returns the top of its
     heap to the kernel as soon as more than twice the largest chunk freed so far is free there, which
     is every time a pass frees its tiles together, so the next pass faults every page in again (bimodal

@@ -23,7 +23,7 @@ def test_the_trainer_scores_in_narrow_tiles_on_the_cpu_and_leaves_trls_width_aft
         return trl_apply(*args)
 
     wide = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", recording_apply)
+    monkeypatch.setattr(ChunkedLogProbFunction, "apply", recording_apply)  # the class TRL's forward calls
     loss = trainer.compute_loss(trainer.model, inputs)
     loss.backward()
     assert widths == [cpu_logprob_tiles.COLUMNS] and torch.isfinite(loss)
@@ -50,7 +50,7 @@ def test_narrow_tiles_give_trls_log_probabilities_and_gradients() -> None:
 
 
 def test_after_a_pass_on_the_cpu_freed_tiles_are_kept_for_the_next_one() -> None:
-    with cpu_logprob_tiles.cpu_logprob_tiles(torch.device("cpu")):
+    with cpu_logprob_tiles.cpu_logprob_tiles(torch.device("cpu")):  # what a pass on the CPU opens
         pass
     tile_pages = 4096 * cpu_logprob_tiles.COLUMNS * 4 // resource.getpagesize()
 
